@@ -1,0 +1,48 @@
+#!/usr/bin/env node
+import { Command, CommanderError } from 'commander';
+import { ConfigError } from './errors.js';
+import { version } from './version.js';
+import { registerForwarderCommands } from './cli/forwarder-commands.js';
+import { registerDevCommand } from './cli/dev-command.js';
+
+/**
+ * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
+ * on usage errors by default; exitOverride turns those into 2.
+ */
+async function main(argv: string[]): Promise<number> {
+  const program = new Command('agent-connectors')
+    .description('Loopback MCP forwarder, token renewal and CLI credential proxy for AI agents on a Linux host')
+    .version(version)
+    .showHelpAfterError()
+    .exitOverride()
+    .configureOutput({ writeErr: (s) => process.stderr.write(s) });
+  registerForwarderCommands(program);
+  registerDevCommand(program);
+  for (const cmd of program.commands) cmd.exitOverride();
+
+  try {
+    await program.parseAsync(argv);
+    return typeof process.exitCode === 'number' ? process.exitCode : 0;
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0;
+      return 2;
+    }
+    if (err instanceof ConfigError) {
+      process.stderr.write(`agent-connectors: ${err.message}\n`);
+      return 2;
+    }
+    process.stderr.write(`agent-connectors: ${(err as Error).message}\n`);
+    return 1;
+  }
+}
+
+main(process.argv).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    process.stderr.write(`agent-connectors: ${(err as Error).message}\n`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,1 @@
+export function registerDevCommand(_p: import("commander").Command): void {}

@@ -1,0 +1,132 @@
+import { randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
+import type { Command } from 'commander';
+import { Option } from 'commander';
+import { z } from 'zod';
+import { defaultInstancesPath, defaultTokenPath, resolveStateDir } from '../config/state-dir.js';
+import { ConfigError } from '../errors.js';
+import { createForwarderService } from '../forwarder/forwarder-service.js';
+import { defaultUpstreamOptions } from '../http/dispatch.js';
+import { parseListen } from '../http/loopback.js';
+import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
+import { createLogger } from '../log/logger.js';
+import { readInstances, updateInstances } from '../registry/registry-edit.js';
+import { bindingIdSchema, bindingSchema, type Binding } from '../registry/schema.js';
+import { createNotifier } from '../service/sd-notify.js';
+import { runServices } from '../service/service.js';
+import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
+import { logLevel, parseOption, positiveInt } from './options.js';
+
+const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
+
+export const DEFAULT_FORWARDER_LISTEN = '127.0.0.1:14323';
+
+interface StateOpts {
+  stateDir?: string;
+  instances?: string;
+}
+
+function instancesPath(opts: StateOpts): string {
+  return opts.instances ? resolve(opts.instances) : defaultInstancesPath(resolveStateDir(opts.stateDir));
+}
+
+export function registerForwarderCommands(program: Command): void {
+  program
+    .command('forwarder')
+    .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
+    .option('--listen <host:port>', 'loopback address to listen on (port 0 picks one)', DEFAULT_FORWARDER_LISTEN)
+    .option('--state-dir <dir>', 'state root (default: $STATE_DIRECTORY, /var/lib/agent-connectors as root, else XDG state)')
+    .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)')
+    .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
+    .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_BODY_LIMIT))
+    .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
+    .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
+    .action(async (opts: Record<string, string>) => {
+      const listen = parseListen(opts.listen ?? DEFAULT_FORWARDER_LISTEN);
+      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const service = createForwarderService({
+        config: {
+          listen,
+          instancesPath: instancesPath(opts),
+          bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
+          upstream: {
+            ...defaultUpstreamOptions,
+            headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms'),
+          },
+          shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
+        },
+        log,
+        notifier: createNotifier({ log }),
+      });
+      process.exitCode = await runServices([service], log);
+    });
+
+  program
+    .command('bind')
+    .description('add or replace a binding in instances.json (prints the binding id)')
+    .argument('[bindingId]', 'binding id, [A-Za-z0-9_-]{8,128}; a random one when omitted')
+    .requiredOption('--instance-id <id>', 'AgentInstance id this binding serves')
+    .requiredOption('--upstream <url>', 'Gateway MCP URL (https:, or http: to loopback)')
+    .option('--token-file <file>', 'token file (default: <state>/mcp-forwarder/<instanceId>.token)')
+    .option('--state-dir <dir>', 'state root')
+    .option('--instances <file>', 'binding registry file')
+    .action(async (id: string | undefined, opts: Record<string, string>) => {
+      const bindingId = id ? parseOption(bindingIdSchema, id, 'bindingId') : randomBytes(24).toString('base64url');
+      const stateDir = resolveStateDir(opts.stateDir);
+      const binding: Binding = parseOption(
+        bindingSchema,
+        {
+          instanceId: opts.instanceId,
+          upstreamUrl: opts.upstream,
+          tokenFile: opts.tokenFile ? resolve(opts.tokenFile) : defaultTokenPath(stateDir, opts.instanceId ?? ''),
+        },
+        'bind',
+      );
+      await updateInstances(instancesPath(opts), (current) => ({ next: { ...current, [bindingId]: binding }, result: undefined }));
+      process.stdout.write(`${bindingId}\n`);
+    });
+
+  program
+    .command('unbind')
+    .description('remove a binding from instances.json')
+    .argument('<bindingId>')
+    .option('--state-dir <dir>', 'state root')
+    .option('--instances <file>', 'binding registry file')
+    .action(async (id: string, opts: StateOpts) => {
+      const removed = await updateInstances(instancesPath(opts), (current) => {
+        const { [id]: gone, ...rest } = current;
+        return { next: rest, result: gone !== undefined };
+      });
+      if (!removed) throw new ConfigError(`no such binding: ${id.slice(0, 4)}…`);
+    });
+
+  program
+    .command('list')
+    .description('list bindings (the file is readable only by its owner, so full ids are shown)')
+    .option('--json', 'print instances.json as JSON')
+    .option('--state-dir <dir>', 'state root')
+    .option('--instances <file>', 'binding registry file')
+    .action(async (opts: StateOpts & { json?: boolean }) => {
+      const all = await readInstances(instancesPath(opts));
+      if (opts.json) {
+        process.stdout.write(`${JSON.stringify(all, null, 2)}\n`);
+        return;
+      }
+      for (const [id, b] of Object.entries(all)) {
+        process.stdout.write(`${id}\t${b.instanceId}\t${b.upstreamUrl}\t${b.tokenFile}\n`);
+      }
+    });
+
+  program
+    .command('mcp-add')
+    .description("print the agent's own command that adds this binding as an MCP server")
+    .argument('<bindingId>')
+    .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]).makeOptionMandatory())
+    .option('--name <name>', 'MCP server name in the agent', 'connectors')
+    .option('--url-base <url>', 'forwarder base URL', `http://${DEFAULT_FORWARDER_LISTEN}`)
+    .action((id: string, opts: { agent: AgentName; name: string; urlBase: string }) => {
+      const bindingId = parseOption(bindingIdSchema, id, 'bindingId');
+      const name = parseOption(serverName, opts.name, '--name');
+      process.stdout.write(`${mcpAddCommand(opts.agent, name, mcpUrl(opts.urlBase, bindingId))}\n`);
+    });
+}

@@ -1,0 +1,78 @@
+import type { ServerResponse } from 'node:http';
+
+/**
+ * The one table of errors a client can see. Codes are stable wire names; the README's
+ * error list is checked against this table by test/errors.test.ts.
+ */
+export const errorTable = {
+  not_found: { status: 404, message: 'No such route.' },
+  unknown_binding: { status: 404, message: 'No binding with this id is configured on this host.' },
+  unknown_provider: { status: 404, message: 'No provider with this name is configured on this host.' },
+  method_not_allowed: { status: 405, message: 'This method is not allowed on this path.' },
+  payload_too_large: { status: 413, message: 'The request body exceeds the configured limit.' },
+  bad_request: { status: 400, message: 'The request is malformed.' },
+  forbidden_host: { status: 403, message: 'The Host header must name this loopback listener.' },
+  forbidden_origin: { status: 403, message: 'Requests from a non-loopback Origin are refused.' },
+  token_unavailable: { status: 503, message: 'No valid token is available for this binding; renewal may not have run yet.' },
+  token_rejected: { status: 503, message: 'The upstream rejected the current token; renewal may be failing.' },
+  upstream_unreachable: { status: 502, message: 'The upstream could not be reached.' },
+  upstream_timeout: { status: 504, message: 'The upstream did not answer in time.' },
+  service_unavailable: { status: 503, message: 'The service is shutting down.' },
+  internal_error: { status: 500, message: 'Internal error.' },
+} as const satisfies Record<string, { status: number; message: string }>;
+
+export type ErrorCode = keyof typeof errorTable;
+
+export const errorCodes = Object.keys(errorTable) as ErrorCode[];
+
+/** The project's one error type: a stable code plus an optional safer-than-default detail. */
+export class AppError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly headers: Readonly<Record<string, string>>;
+
+  constructor(code: ErrorCode, message?: string, headers: Record<string, string> = {}) {
+    super(message ?? errorTable[code].message);
+    this.name = 'AppError';
+    this.code = code;
+    this.status = errorTable[code].status;
+    this.headers = headers;
+  }
+}
+
+/** Normalises anything thrown into an AppError; unknown errors become internal_error with no detail. */
+export function toAppError(err: unknown): AppError {
+  return err instanceof AppError ? err : new AppError('internal_error');
+}
+
+export function errorBody(err: AppError): string {
+  return JSON.stringify({ error: err.code, message: err.message });
+}
+
+/**
+ * Writes the JSON error answer. If headers already went out, the only honest signal left
+ * is to cut the connection, so the agent sees a truncated stream rather than a lie.
+ */
+export function sendError(res: ServerResponse, err: AppError, extraHeaders: Record<string, string> = {}): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const body = errorBody(err);
+  res.writeHead(err.status, {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+    'cache-control': 'no-store',
+    ...err.headers,
+    ...extraHeaders,
+  });
+  res.end(body);
+}
+
+/** Configuration or usage problems: the CLI maps these to exit code 2. */
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}

@@ -1,0 +1,71 @@
+import { randomBytes } from 'node:crypto';
+import { constants } from 'node:fs';
+import { lstat, open, rename, stat, unlink } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+
+export interface AtomicWriteOptions {
+  /** Final mode of the file; the temp file is created with it so it is never more open. */
+  mode?: number;
+  /** Owner for the new file (root writing a service's file must not leave it root-owned). */
+  owner?: { uid: number; gid: number };
+}
+
+/**
+ * Writes `data` to `path` so that a reader sees either the old file or the new one, never
+ * a partial one, even across a crash: temp file in the same directory, opened exclusively
+ * with the final mode and O_NOFOLLOW, fsync, rename over the target, fsync the directory.
+ * A symlink at the target is refused: rename would replace the link, silently changing
+ * which file the operator thinks is being written.
+ */
+export async function atomicWrite(path: string, data: string | Uint8Array, options: AtomicWriteOptions = {}): Promise<void> {
+  const mode = options.mode ?? 0o600;
+  const dir = dirname(path);
+  try {
+    const st = await lstat(path);
+    if (st.isSymbolicLink()) throw new Error(`refusing to replace symlink at ${path}`);
+    if (!st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  const tmp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+  const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
+  try {
+    await fh.writeFile(data);
+    // The umask may have narrowed the mode given to open(); set it exactly.
+    await fh.chmod(mode);
+    if (options.owner) await fh.chown(options.owner.uid, options.owner.gid);
+    await fh.sync();
+  } catch (err) {
+    await fh.close().catch(() => undefined);
+    await unlink(tmp).catch(() => undefined);
+    throw err;
+  }
+  await fh.close();
+  try {
+    await rename(tmp, path);
+  } catch (err) {
+    await unlink(tmp).catch(() => undefined);
+    throw err;
+  }
+  await fsyncDir(dir);
+}
+
+/**
+ * When root writes into a directory owned by a service user, new files take the
+ * directory's owner, so `bind` run by an operator never locks the service out.
+ */
+export async function ownerFor(dir: string): Promise<{ uid: number; gid: number } | undefined> {
+  if (process.getuid?.() !== 0) return undefined;
+  const st = await stat(dir);
+  return st.uid === 0 ? undefined : { uid: st.uid, gid: st.gid };
+}
+
+/** Makes a rename in `dir` durable. */
+export async function fsyncDir(dir: string): Promise<void> {
+  const dh = await open(dir, constants.O_RDONLY | constants.O_DIRECTORY);
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
+  }
+}

@@ -1,0 +1,51 @@
+import { open, readFile, unlink } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+export interface LockOptions {
+  timeoutMs?: number;
+  retryMs?: number;
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Runs `fn` while holding `<path>.lock`, an exclusively created file holding the owner's
+ * pid. A lock whose owner is dead (SIGKILLed bind) is broken, so a crash never wedges the
+ * registry. Good enough for CLI read-modify-write of a small file by an operator; it is
+ * not meant for high contention.
+ */
+export async function withFileLock<T>(path: string, fn: () => Promise<T>, options: LockOptions = {}): Promise<T> {
+  const lockPath = `${path}.lock`;
+  const deadline = Date.now() + (options.timeoutMs ?? 10_000);
+  const retryMs = options.retryMs ?? 20;
+  for (;;) {
+    try {
+      const fh = await open(lockPath, 'wx', 0o600);
+      await fh.writeFile(String(process.pid));
+      await fh.close();
+      break;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    const owner = Number((await readFile(lockPath, 'utf8').catch(() => '')).trim());
+    if (Number.isInteger(owner) && owner > 0 && !processAlive(owner)) {
+      await unlink(lockPath).catch(() => undefined);
+      continue;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for lock ${lockPath} (held by pid ${owner || 'unknown'})`);
+    // Jitter keeps two waiters from retrying in lockstep.
+    await sleep(retryMs + Math.floor(Math.random() * retryMs));
+  }
+  try {
+    return await fn();
+  } finally {
+    await unlink(lockPath).catch(() => undefined);
+  }
+}

@@ -1,0 +1,80 @@
+/**
+ * Header filters as pure functions over Node's raw header list. Whitelists, not
+ * blacklists: anything a future agent or Gateway invents is dropped by default.
+ */
+
+export type HeaderRecord = Record<string, string | string[]>;
+
+/** Agent → upstream (SPEC §3). `mcp-param-*` is matched as a prefix. */
+export const agentToUpstream: ReadonlySet<string> = new Set([
+  'accept',
+  'content-type',
+  'mcp-session-id',
+  'mcp-protocol-version',
+  'last-event-id',
+  'mcp-method',
+  'mcp-name',
+  'user-agent',
+]);
+
+/** Upstream → agent (SPEC §3). Notably not `www-authenticate`: it would start an OAuth flow. */
+export const upstreamToAgent: ReadonlySet<string> = new Set([
+  'content-type',
+  'mcp-session-id',
+  'mcp-protocol-version',
+  'cache-control',
+  'retry-after',
+  'content-encoding',
+  'content-length',
+]);
+
+export interface HeaderPolicy {
+  names: ReadonlySet<string>;
+  prefixes?: readonly string[];
+}
+
+export const agentToUpstreamPolicy: HeaderPolicy = { names: agentToUpstream, prefixes: ['mcp-param-'] };
+export const upstreamToAgentPolicy: HeaderPolicy = { names: upstreamToAgent };
+
+function allowed(name: string, policy: HeaderPolicy): boolean {
+  if (policy.names.has(name)) return true;
+  return policy.prefixes?.some((p) => name.startsWith(p)) ?? false;
+}
+
+/**
+ * Filters a flat raw header array ([name, value, name, value, ...], as Node's
+ * `req.rawHeaders` and undici's raw headers give) into a lower-cased record, keeping
+ * repeated headers as arrays so nothing is merged that the peer sent separately.
+ */
+export function filterRawHeaders(raw: readonly string[], policy: HeaderPolicy): HeaderRecord {
+  const out: HeaderRecord = {};
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = (raw[i] as string).toLowerCase();
+    if (!allowed(name, policy)) continue;
+    const value = raw[i + 1] as string;
+    const prev = out[name];
+    if (prev === undefined) out[name] = value;
+    else if (Array.isArray(prev)) prev.push(value);
+    else out[name] = [prev, value];
+  }
+  return out;
+}
+
+/** Same filter over an already-parsed record (undici's `headers` object). */
+export function filterHeaderRecord(
+  headers: Readonly<Record<string, string | string[] | undefined>>,
+  policy: HeaderPolicy,
+): HeaderRecord {
+  const out: HeaderRecord = {};
+  for (const [key, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    const name = key.toLowerCase();
+    if (allowed(name, policy)) out[name] = value;
+  }
+  return out;
+}
+
+/** First value of a header from a record, for reading single-valued headers. */
+export function firstValue(value: string | string[] | undefined): string | undefined {
+  return Array.isArray(value) ? value[0] : value;
+}

@@ -1,0 +1,108 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { ListenAddress } from './loopback.js';
+
+export interface ServerLimits {
+  /** Largest total header block, bytes. */
+  maxHeaderSize: number;
+  /** Time a client has to send its full header block. */
+  headersTimeoutMs: number;
+  /** Time a client has to send its full request (headers and body). */
+  requestTimeoutMs: number;
+  /** Idle keep-alive connections are closed after this. */
+  keepAliveTimeoutMs: number;
+}
+
+export const defaultServerLimits: ServerLimits = {
+  maxHeaderSize: 16 * 1024,
+  headersTimeoutMs: 10_000,
+  requestTimeoutMs: 30_000,
+  keepAliveTimeoutMs: 5_000,
+};
+
+export type Handler = (req: IncomingMessage, res: ServerResponse) => void;
+
+/**
+ * A loopback HTTP server hardened against slow or hostile local clients: bounded header
+ * size, header and whole-request deadlines. There is deliberately no socket idle timeout
+ * (`server.timeout` 0): a response may be an SSE stream that is silent for hours.
+ */
+export function createLoopbackServer(handler: Handler, limits: ServerLimits = defaultServerLimits): Server {
+  const server = createServer(
+    {
+      maxHeaderSize: limits.maxHeaderSize,
+      headersTimeout: limits.headersTimeoutMs,
+      requestTimeout: limits.requestTimeoutMs,
+      keepAliveTimeout: limits.keepAliveTimeoutMs,
+      noDelay: true,
+      connectionsCheckingInterval: 1_000,
+    },
+    handler,
+  );
+  server.timeout = 0;
+  return server;
+}
+
+export function listen(server: Server, address: ListenAddress): Promise<AddressInfo> {
+  return new Promise((resolve, reject) => {
+    const onError = (err: Error): void => reject(err);
+    server.once('error', onError);
+    server.listen({ host: address.host, port: address.port, exclusive: true }, () => {
+      server.off('error', onError);
+      resolve(server.address() as AddressInfo);
+    });
+  });
+}
+
+/** Tracks responses still in flight so shutdown can wait for them, then cut the rest. */
+export class InFlight {
+  private readonly active = new Set<ServerResponse>();
+  private readonly aborters = new WeakMap<ServerResponse, () => void>();
+  private waiters: Array<() => void> = [];
+
+  add(res: ServerResponse, abort: () => void): void {
+    this.active.add(res);
+    this.aborters.set(res, abort);
+    res.once('close', () => {
+      this.active.delete(res);
+      if (this.active.size === 0) {
+        for (const w of this.waiters) w();
+        this.waiters = [];
+      }
+    });
+  }
+
+  get size(): number {
+    return this.active.size;
+  }
+
+  /** Resolves true when all finished within `graceMs`, false when the rest were cut. */
+  async drain(graceMs: number): Promise<boolean> {
+    if (this.active.size === 0) return true;
+    let timer: NodeJS.Timeout | undefined;
+    const finished = await Promise.race([
+      new Promise<boolean>((resolve) => this.waiters.push(() => resolve(true))),
+      new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), graceMs);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (!finished) {
+      for (const res of [...this.active]) {
+        this.aborters.get(res)?.();
+        res.destroy();
+      }
+    }
+    return finished;
+  }
+}
+
+/** Stops accepting, lets in-flight responses finish within `graceMs`, then cuts them. */
+export async function closeGracefully(server: Server, inflight: InFlight, graceMs: number): Promise<boolean> {
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+  server.closeIdleConnections();
+  const clean = await inflight.drain(graceMs);
+  server.closeAllConnections();
+  await closed;
+  return clean;
+}

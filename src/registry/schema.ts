@@ -1,0 +1,77 @@
+import { isAbsolute } from 'node:path';
+import { z } from 'zod';
+import { isLoopbackHostname } from '../http/loopback.js';
+
+export const BINDING_ID = /^[A-Za-z0-9_-]{8,128}$/;
+
+export const bindingIdSchema = z.string().regex(BINDING_ID, 'bindingId must match [A-Za-z0-9_-]{8,128}');
+
+/** https anywhere; plain http only to loopback (tests, dev, a local gateway). */
+export const upstreamUrlSchema = z.string().superRefine((value, ctx) => {
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    ctx.addIssue({ code: 'custom', message: 'upstreamUrl is not a valid URL' });
+    return;
+  }
+  if (url.username || url.password) {
+    ctx.addIssue({ code: 'custom', message: 'upstreamUrl must not carry credentials' });
+  } else if (url.protocol === 'https:') {
+    return;
+  } else if (url.protocol === 'http:') {
+    if (!isLoopbackHostname(url.hostname)) {
+      ctx.addIssue({ code: 'custom', message: 'upstreamUrl may use http: only for a loopback host' });
+    }
+  } else {
+    ctx.addIssue({ code: 'custom', message: 'upstreamUrl must be https: (or http: to loopback)' });
+  }
+});
+
+export const absolutePathSchema = z
+  .string()
+  .min(1)
+  .refine((p) => isAbsolute(p), 'must be an absolute path');
+
+export const bindingSchema = z.strictObject({
+  instanceId: z.string().regex(/^[A-Za-z0-9_.-]{1,128}$/, 'instanceId must match [A-Za-z0-9_.-]{1,128}'),
+  upstreamUrl: upstreamUrlSchema,
+  tokenFile: absolutePathSchema,
+});
+
+export const instancesFileSchema = z.record(bindingIdSchema, bindingSchema);
+
+export type Binding = z.infer<typeof bindingSchema>;
+export type InstancesFile = z.infer<typeof instancesFileSchema>;
+
+/** A short, non-secret prefix of a binding id, safe for logs. */
+export function bindingPrefix(bindingId: string): string {
+  return `${bindingId.slice(0, 4)}…`;
+}
+
+export type ParseResult<T> = { ok: true; value: T } | { ok: false; error: string };
+
+/** Formats zod issues without echoing values (a value could be a secret pasted by mistake). */
+export function describeIssues(error: z.ZodError): string {
+  return error.issues
+    .slice(0, 5)
+    .map((i) => {
+      // Record keys are binding ids (capabilities): show only their prefix.
+      const path = i.path.map((p, idx) => (idx === 0 && typeof p === 'string' ? bindingPrefix(p) : String(p))).join('.');
+      return `${path || '(root)'}: ${i.message}`;
+    })
+    .join('; ');
+}
+
+export function parseInstancesFile(text: string): ParseResult<InstancesFile> {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    // V8's message quotes the text around the fault; keep file content out of logs.
+    return { ok: false, error: 'invalid JSON' };
+  }
+  const parsed = instancesFileSchema.safeParse(json);
+  if (!parsed.success) return { ok: false, error: `schema: ${describeIssues(parsed.error)}` };
+  return { ok: true, value: parsed.data };
+}
