@@ -1,0 +1,63 @@
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { knownSecrets, checkNoLeaks, startCli, tempDir, type CliProc } from './helpers/forwarder-proc.js';
+
+async function waitForStderr(proc: CliProc, re: RegExp, timeoutMs = 15_000): Promise<RegExpExecArray> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    for (const line of proc.stderr) {
+      const m = re.exec(line);
+      if (m) return m;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out; stderr:\n${proc.stderr.join('\n')}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+t.test('dev: a real MCP client lists and calls the demo tools through the forwarder', async (t) => {
+  const stateDir = tempDir('ac-dev-');
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0']);
+  t.teardown(() => dev.stop('SIGKILL'));
+  const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
+  t.match(url, /^http:\/\/127\.0\.0\.1:\d+\/i\/demo_[A-Za-z0-9_-]+\/mcp$/);
+
+  const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
+  t.equal(statSync(tokenFile).mode & 0o777, 0o600, 'demo token file is 0600');
+  knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
+
+  for (const agent of ['claude mcp add --transport http connectors', 'codex mcp add connectors --url', 'openclaw mcp add connectors --url']) {
+    t.ok(dev.stderr.some((l) => l.includes(agent) && l.includes(url)), `prints: ${agent}`);
+  }
+
+  const client = new Client({ name: 'dev-test', version: '1.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(url));
+  await client.connect(transport);
+  const tools = (await client.listTools()).tools.map((x) => x.name).sort();
+  t.same(tools, ['add', 'count', 'echo', 'whoami']);
+  const sum = await client.callTool({ name: 'add', arguments: { a: 2, b: 40 } });
+  t.same(sum.content, [{ type: 'text', text: '42' }]);
+  const progress: number[] = [];
+  const counted = await client.callTool({ name: 'count', arguments: { n: 3, delayMs: 10 } }, undefined, {
+    onprogress: (p) => progress.push(p.progress),
+  });
+  t.same(counted.content, [{ type: 'text', text: 'counted to 3' }]);
+  t.same(progress, [1, 2, 3], 'progress streamed over SSE through the forwarder');
+  await transport.terminateSession();
+  await client.close();
+
+  const access = dev.logs.filter((l) => l.msg === 'access' && l.mcpMethod === 'tools/call');
+  t.equal(access.length, 2, 'one access line per tools/call');
+
+  // A second run reuses the same binding id, so a configured agent keeps working.
+  await dev.stop('SIGTERM');
+  const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0']);
+  t.teardown(() => again.stop('SIGKILL'));
+  const url2 = (await waitForStderr(again, /MCP URL:\s+(\S+)/))[1] as string;
+  t.equal(url2.replace(/:\d+\//, ':P/'), url.replace(/:\d+\//, ':P/'), 'same binding id across runs');
+  knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
+});
+
+checkNoLeaks(t);
