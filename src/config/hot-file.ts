@@ -57,6 +57,12 @@ export class HotFile<T> {
       if (basename(path) === name) this.schedule();
     };
     this.watcher.on('add', onEvent).on('change', onEvent).on('unlink', onEvent);
+    // chokidar drops a second `change` for the same path within 50 ms and never replays it,
+    // which would lose a quick bind-then-unbind. Raw events are not throttled; our own
+    // debounce merges bursts.
+    this.watcher.on('raw', (_event: string, path: string) => {
+      if (basename(path) === name) this.schedule();
+    });
     this.watcher.on('error', () => this.schedule());
     await new Promise<void>((resolve) => this.watcher?.once('ready', () => resolve()));
   }
