@@ -1,0 +1,249 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import t from 'tap';
+import { request } from 'undici';
+import { checkNoLeaks, NOTIFY_RECV, startForwarder, tempDir, writeInstances, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
+import type { TapTest } from './helpers/tap-types.js';
+import { MockGateway, json, sse, type SeenRequest } from './helpers/mock-gateway.js';
+import { deferred, pollUntil, StreamReader, withDeadline } from './helpers/sse-client.js';
+
+const BINDING_A = 'bind_process_aaaa01';
+const BINDING_B = 'bind_process_bbbb02';
+
+/** One sd_notify datagram as the fake NOTIFY_SOCKET received it: its assignments. */
+interface Datagram {
+  raw: string;
+  assignments: string[];
+}
+
+/** Un-escapes the Python repr() of a str that notify-recv.py prints. */
+const ESCAPES: Readonly<Record<string, string>> = { n: '\n', r: '\r', t: '\t' };
+function unrepr(text: string): string {
+  return text.replace(/\\(n|r|t|\\|'|")/g, (_m, c: string) => ESCAPES[c] ?? c);
+}
+
+/** The fake systemd notify socket (python3 notify-recv.py), one parsed line per datagram. */
+class NotifyReceiver {
+  readonly datagrams: Datagram[] = [];
+  readonly lines: string[] = [];
+  readonly listening: Promise<void>;
+  constructor(readonly child: ChildProcess) {
+    const listening = deferred();
+    this.listening = listening.promise;
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      this.lines.push(line);
+      if (line.startsWith('listening on ')) listening.resolve();
+      const m = /\bmsg=(['"])(.*)\1$/.exec(line);
+      if (!m?.[2]) return;
+      const raw = unrepr(m[2]);
+      if (raw === 'BARRIER=1') return; // systemd-notify's own synchronisation, not ours
+      this.datagrams.push({ raw, assignments: raw.split('\n') });
+    });
+  }
+
+  /** Index of the first datagram at or after `from` that carries `assignment` (exact or prefix with `=`). */
+  indexOf(pred: (a: string) => boolean, from = 0): number {
+    for (let i = from; i < this.datagrams.length; i++) {
+      if ((this.datagrams[i] as Datagram).assignments.some(pred)) return i;
+    }
+    return -1;
+  }
+
+  async waitFor(pred: (a: string) => boolean, from: number, what: string): Promise<number> {
+    let idx = -1;
+    await pollUntil(() => (idx = this.indexOf(pred, from)) !== -1, `${what}; got ${JSON.stringify(this.datagrams.map((d) => d.raw))}`);
+    return idx;
+  }
+}
+
+function startReceiver(t: TapTest, socketPath: string): NotifyReceiver {
+  const child = spawn('python3', [NOTIFY_RECV, socketPath, '30'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.teardown(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+  });
+  return new NotifyReceiver(child);
+}
+
+const is = (assignment: string) => (a: string): boolean => a === assignment;
+
+t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', async (t) => {
+  const stateDir = tempDir();
+  const dir = join(stateDir, 'mcp-forwarder');
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const tokenFile = join(dir, 'inst-notify.token');
+  writeToken(tokenFile, 'tok-notify-Qz81-xv');
+  writeInstances(join(dir, 'instances.json'), {
+    [BINDING_A]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
+    [BINDING_B]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
+  });
+  const socketPath = join(tempDir('ac-notify-'), 'notify.sock');
+  const recv = startReceiver(t, socketPath);
+  await withDeadline(recv.listening, 10_000, 'notify-recv.py to listen');
+
+  const fwd = await startForwarder(t, {
+    stateDir,
+    env: { NOTIFY_SOCKET: socketPath, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined },
+  });
+
+  const ready = await recv.waitFor(is('READY=1'), 0, 'READY=1');
+  const readyMsg = recv.datagrams[ready] as Datagram;
+  const status = readyMsg.assignments.find((a) => a.startsWith('STATUS='));
+  t.ok(status, 'READY=1 comes with a STATUS=');
+  t.match(status, /\b2\b/, 'STATUS= names the instance count (2)');
+
+  const wd1 = await recv.waitFor(is('WATCHDOG=1'), ready + 1, 'a first WATCHDOG=1 after READY=1');
+  const wd2 = await recv.waitFor(is('WATCHDOG=1'), wd1 + 1, 'a second WATCHDOG=1');
+  t.ok(ready < wd1 && wd1 < wd2, 'READY=1, then WATCHDOG=1 pings (at least two)');
+
+  const beforeHup = recv.datagrams.length;
+  const hupAtUsec = process.hrtime.bigint() / 1000n;
+  fwd.child.kill('SIGHUP');
+  const reloading = await recv.waitFor(is('RELOADING=1'), beforeHup, 'RELOADING=1 after SIGHUP');
+  const mono = (recv.datagrams[reloading] as Datagram).assignments.find((a) => a.startsWith('MONOTONIC_USEC='));
+  t.ok(mono, 'RELOADING=1 carries MONOTONIC_USEC=');
+  const monoUsec = BigInt(mono?.slice('MONOTONIC_USEC='.length).match(/^\d+$/)?.[0] ?? '0');
+  const skewS = Number(monoUsec > hupAtUsec ? monoUsec - hupAtUsec : hupAtUsec - monoUsec) / 1e6;
+  t.ok(skewS < 60, `MONOTONIC_USEC is CLOCK_MONOTONIC in µs (off from ours by ${skewS.toFixed(3)} s)`);
+  const readyAgain = await recv.waitFor(is('READY=1'), reloading + 1, 'READY=1 after RELOADING=1');
+  t.ok(reloading < readyAgain, 'RELOADING=1 then READY=1 around the reload');
+  t.match((recv.datagrams[readyAgain] as Datagram).assignments.find((a) => a.startsWith('STATUS=')), /\b2\b/);
+
+  const wd3 = await recv.waitFor(is('WATCHDOG=1'), readyAgain + 1, 'WATCHDOG=1 pings to go on after the reload');
+  t.ok(readyAgain < wd3, 'the watchdog keeps pinging after the reload');
+
+  const beforeTerm = recv.datagrams.length;
+  fwd.child.kill('SIGTERM');
+  const stopping = await recv.waitFor(is('STOPPING=1'), beforeTerm, 'STOPPING=1 after SIGTERM');
+  t.ok(readyAgain < stopping, 'STOPPING=1 comes last');
+  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  t.same(exit, { code: 0, signal: null }, 'exit 0 after SIGTERM');
+  t.same(
+    fwd.logs.filter((l) => l.msg === 'sd_notify failed'),
+    [],
+    'no sd_notify call failed',
+  );
+});
+
+t.test('without NOTIFY_SOCKET nothing fails', async (t) => {
+  const gw = await MockGateway.start();
+  t.teardown(() => gw.close());
+  const fwd = await startForwarder(t, { env: { NOTIFY_SOCKET: undefined, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined } });
+  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-plain.token');
+  writeToken(tokenFile, 'tok-no-notify-44Lm');
+  writeInstances(fwd.instancesPath, { [BINDING_A]: { instanceId: 'inst-plain', upstreamUrl: gw.url(), tokenFile } });
+  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+
+  const health = await request(`${fwd.base}/healthz`);
+  t.equal(health.statusCode, 200);
+  t.match(await health.body.json(), { status: 'ok', instances: 1 });
+  const res = await request(`${fwd.base}/i/${BINDING_A}/mcp`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+  await res.body.dump();
+  t.equal(res.statusCode, 200, 'a request is forwarded');
+
+  const before = fwd.logs.length;
+  fwd.child.kill('SIGHUP');
+  await fwd.waitForLog((l) => fwd.logs.indexOf(l) >= before && l.msg === 'registry loaded');
+  const again = await request(`${fwd.base}/healthz`);
+  t.equal(again.statusCode, 200, 'still serving after SIGHUP');
+  await again.body.dump();
+
+  const exit = await withDeadline(fwd.stop('SIGTERM'), 15_000, 'the forwarder to exit');
+  t.same(exit, { code: 0, signal: null }, 'exit 0');
+  t.same(
+    fwd.logs.filter((l) => l.level === 'warn' || l.level === 'error' || l.level === 'fatal'),
+    [],
+    'no warning or error was logged',
+  );
+});
+
+/** Tries a fresh TCP connection: 'refused' once nobody listens any more. */
+function tryConnect(port: number): Promise<'connected' | 'refused' | 'other'> {
+  return new Promise((resolve) => {
+    const sock = connect(port, '127.0.0.1');
+    sock.once('connect', () => {
+      sock.destroy();
+      resolve('connected');
+    });
+    sock.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'ECONNREFUSED' ? 'refused' : 'other'));
+  });
+}
+
+async function withBinding(t: TapTest, fwd: ForwarderProc, gw: MockGateway, token: string): Promise<string> {
+  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-term.token');
+  writeToken(tokenFile, token);
+  writeInstances(fwd.instancesPath, { [BINDING_A]: { instanceId: 'inst-term', upstreamUrl: gw.url(), tokenFile } });
+  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  t.pass('binding loaded');
+  return `${fwd.base}/i/${BINDING_A}/mcp`;
+}
+
+t.test('SIGTERM: the in-flight request finishes, new connections are refused, exit 0', async (t) => {
+  const gw = await MockGateway.start();
+  t.teardown(() => gw.close());
+  const fwd = await startForwarder(t);
+  const url = await withBinding(t, fwd, gw, 'tok-sigterm-drain-71Qa');
+  const release = deferred();
+  const answer = { jsonrpc: '2.0', id: 3, result: { content: [{ type: 'text', text: 'slow but done' }] } };
+  gw.handle(async (_req, res) => {
+    await release.promise;
+    json(res, 200, answer);
+  });
+
+  let settled = false;
+  const inflight = request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"jsonrpc":"2.0","id":3,"method":"tools/call"}' });
+  void inflight.then(
+    () => (settled = true),
+    () => (settled = true),
+  );
+  const seen: SeenRequest = await gw.waitForRequests(1);
+
+  fwd.child.kill('SIGTERM');
+  await pollUntil(async () => (await tryConnect(fwd.port)) === 'refused', 'new connections to be refused');
+  t.pass('a new connection is refused while the request is in flight');
+  t.notOk(settled, 'the in-flight request is still open (its upstream has not answered yet)');
+  t.equal(fwd.child.exitCode, null, 'the process waits for it');
+
+  release.resolve();
+  const res = await withDeadline(inflight, 10_000, 'the in-flight response');
+  t.equal(res.statusCode, 200, 'the in-flight request completes with 200');
+  t.equal(await res.body.text(), JSON.stringify(answer), 'and its whole body');
+  t.notOk(seen.wasAborted(), 'the upstream request was not aborted');
+  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  t.same(exit, { code: 0, signal: null }, 'exit 0');
+});
+
+t.test('SIGTERM with --shutdown-grace-ms 500: an endless SSE stream is cut, the upstream sees the abort, exit 0', async (t) => {
+  const gw = await MockGateway.start();
+  t.teardown(() => gw.close());
+  const fwd = await startForwarder(t, { args: ['--shutdown-grace-ms', '500'] });
+  const url = await withBinding(t, fwd, gw, 'tok-sigterm-grace-93Zk');
+  const opened = deferred<{ send: (data: string) => void; seen: SeenRequest }>();
+  gw.handle((seen, res) => {
+    const s = sse(res);
+    opened.resolve({ send: s.send, seen });
+  });
+
+  const res = await request(url, {
+    method: 'GET',
+    headers: { accept: 'text/event-stream', 'mcp-session-id': 'sess-endless' },
+  });
+  t.equal(res.statusCode, 200);
+  const up = await opened.promise;
+  const reader = new StreamReader(res.body);
+  up.send('data: before-shutdown\n\n');
+  await reader.waitForText('before-shutdown');
+
+  fwd.child.kill('SIGTERM');
+  const end = await withDeadline(reader.ended, 15_000, 'the agent stream to be cut');
+  t.pass(`the agent sees the stream close (${end.kind === 'end' ? 'clean end' : 'cut'})`);
+  t.equal(reader.text(), 'data: before-shutdown\n\n', 'what was sent before is intact');
+  await withDeadline(up.seen.aborted, 10_000, 'the upstream to see the abort');
+  t.ok(up.seen.wasAborted(), 'the upstream request was aborted');
+  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  t.same(exit, { code: 0, signal: null }, 'exit 0');
+});
+
+checkNoLeaks(t);

@@ -1,0 +1,152 @@
+import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { z } from 'zod';
+
+/** One HTTP request as the MCP upstream saw it. */
+export interface McpSeen {
+  method: string;
+  /** The bearer token it carried (undefined without `Authorization: Bearer`). */
+  token: string | undefined;
+  sessionId: string | undefined;
+  /** JSON-RPC method (first message of a POST), if any. */
+  rpcMethod: string | undefined;
+  /** What the upstream answered (set when the answer finished or the request closed). */
+  status?: number;
+}
+
+function rpcMethodOf(body: unknown): string | undefined {
+  const first: unknown = Array.isArray(body) ? body[0] : body;
+  if (first && typeof first === 'object' && 'method' in first && typeof first.method === 'string') return first.method;
+  return undefined;
+}
+
+/**
+ * A real MCP server (the official SDK's `McpServer` behind a stateful
+ * `StreamableHTTPServerTransport`, one per session, kept in a map keyed by
+ * `mcp-session-id`) acting as the Gateway. It accepts only `Bearer <acceptedToken>`
+ * (401 otherwise, as a Gateway would) and records every request it saw.
+ */
+export class McpUpstream {
+  acceptedToken: string;
+  readonly seen: McpSeen[] = [];
+  readonly sessions = new Map<string, StreamableHTTPServerTransport>();
+  private readonly servers: McpServer[] = [];
+  private readonly http: Server;
+  port = 0;
+
+  private constructor(acceptedToken: string) {
+    this.acceptedToken = acceptedToken;
+    this.http = createServer((req, res) => {
+      this.onRequest(req, res).catch(() => res.destroy());
+    });
+  }
+
+  static async start(acceptedToken: string): Promise<McpUpstream> {
+    const up = new McpUpstream(acceptedToken);
+    up.http.listen(0, '127.0.0.1');
+    await once(up.http, 'listening');
+    up.port = (up.http.address() as AddressInfo).port;
+    return up;
+  }
+
+  url(path = '/mcp'): string {
+    return `http://127.0.0.1:${this.port}${path}`;
+  }
+
+  private newSession(): StreamableHTTPServerTransport {
+    const server = new McpServer({ name: 'mock-gateway-mcp', version: '1.0.0' });
+    server.registerTool(
+      'echo',
+      { description: 'echoes its text', inputSchema: { text: z.string() } },
+      ({ text }) => ({ content: [{ type: 'text', text: `echo: ${text}` }] }),
+    );
+    server.registerTool(
+      'progress',
+      { description: 'reports progress, then answers', inputSchema: { steps: z.number().int().positive() } },
+      async ({ steps }, extra) => {
+        const progressToken = extra._meta?.progressToken;
+        for (let i = 1; i <= steps; i++) {
+          if (progressToken !== undefined) {
+            await extra.sendNotification({
+              method: 'notifications/progress',
+              params: { progressToken, progress: i, total: steps, message: `step ${i}` },
+            });
+          }
+        }
+        return { content: [{ type: 'text', text: `done after ${steps} steps` }] };
+      },
+    );
+    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: () => randomUUID(),
+      onsessioninitialized: (id) => {
+        this.sessions.set(id, transport);
+      },
+    });
+    transport.onclose = () => {
+      if (transport.sessionId) this.sessions.delete(transport.sessionId);
+    };
+    this.servers.push(server);
+    void server.connect(transport);
+    return transport;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const raw = Buffer.concat(chunks).toString('utf8');
+    let parsed: unknown;
+    if (raw.length > 0) {
+      try {
+        parsed = JSON.parse(raw) as unknown;
+      } catch {
+        parsed = undefined;
+      }
+    }
+    const auth = req.headers.authorization;
+    const sessionHeader = req.headers['mcp-session-id'];
+    const sessionId = Array.isArray(sessionHeader) ? sessionHeader[0] : sessionHeader;
+    const seen: McpSeen = {
+      method: req.method ?? '',
+      token: auth?.startsWith('Bearer ') ? auth.slice('Bearer '.length) : undefined,
+      sessionId,
+      rpcMethod: rpcMethodOf(parsed),
+    };
+    this.seen.push(seen);
+    res.once('close', () => {
+      seen.status = res.statusCode;
+    });
+
+    if (seen.token !== this.acceptedToken) {
+      const body = JSON.stringify({ error: 'invalid_token' });
+      res.writeHead(401, {
+        'content-type': 'application/json',
+        'www-authenticate': 'Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource"',
+      });
+      res.end(body);
+      return;
+    }
+    let transport: StreamableHTTPServerTransport | undefined;
+    if (sessionId) {
+      transport = this.sessions.get(sessionId);
+      if (!transport) {
+        const body = JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32001, message: 'Session not found' } });
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end(body);
+        return;
+      }
+    } else {
+      transport = this.newSession();
+    }
+    await transport.handleRequest(req, res, parsed);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
+    this.http.closeAllConnections();
+    await new Promise<void>((r) => this.http.close(() => r()));
+  }
+}

@@ -1,0 +1,132 @@
+import { createServer } from 'node:net';
+import type { Readable } from 'node:stream';
+
+/** How a response body stream finished, as the agent saw it. */
+export type StreamEnd = { kind: 'end' } | { kind: 'error'; error: Error };
+
+/**
+ * Reads a response body (undici's `res.body`, a Node Readable) as it arrives and lets a
+ * test wait for "the agent has received at least these bytes" with a deadline. Nothing is
+ * inferred from timing: a test waits for a condition and fails when the deadline passes.
+ */
+export class StreamReader {
+  private chunks: Buffer[] = [];
+  private length = 0;
+  private waiters: Array<() => void> = [];
+  private endState: StreamEnd | undefined;
+  /** Resolves (never rejects) when the stream ended cleanly or with an error. */
+  readonly ended: Promise<StreamEnd>;
+
+  constructor(readonly body: Readable) {
+    this.ended = new Promise<StreamEnd>((resolve) => {
+      const finish = (state: StreamEnd): void => {
+        if (this.endState) return;
+        this.endState = state;
+        resolve(state);
+        this.wake();
+      };
+      body.on('data', (chunk: Buffer | string) => {
+        const buf = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+        this.chunks.push(buf);
+        this.length += buf.length;
+        this.wake();
+      });
+      body.once('end', () => finish({ kind: 'end' }));
+      body.once('error', (error: Error) => finish({ kind: 'error', error }));
+      body.once('close', () => {
+        // A destroyed stream may close without 'end' or 'error' (premature close).
+        setImmediate(() => finish({ kind: 'error', error: new Error('closed before end') }));
+      });
+    });
+  }
+
+  get received(): number {
+    return this.length;
+  }
+
+  text(): string {
+    return this.bytes().toString('utf8');
+  }
+
+  bytes(): Buffer {
+    if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks)];
+    return this.chunks[0] ?? Buffer.alloc(0);
+  }
+
+  get finished(): StreamEnd | undefined {
+    return this.endState;
+  }
+
+  /** Waits until at least `n` bytes have arrived (fails on deadline or an early end). */
+  async waitForBytes(n: number, timeoutMs = 10_000): Promise<void> {
+    await this.waitFor(() => this.length >= n, `${n} bytes (have ${this.length})`, timeoutMs);
+  }
+
+  /** Waits until the received text contains `needle`. */
+  async waitForText(needle: string, timeoutMs = 10_000): Promise<void> {
+    await this.waitFor(() => this.text().includes(needle), `text ${JSON.stringify(needle)}`, timeoutMs);
+  }
+
+  private async waitFor(pred: () => boolean, what: string, timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      if (pred()) return;
+      if (this.endState) throw new Error(`stream ended (${this.endState.kind}) before ${what}`);
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`timed out waiting for ${what}`);
+      await new Promise<void>((r) => {
+        const timer = setTimeout(r, left);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          r();
+        });
+      });
+    }
+  }
+
+  private wake(): void {
+    for (const w of this.waiters.splice(0)) w();
+  }
+}
+
+/** Races `p` against a deadline; the deadline is a failure, never an assertion of speed. */
+export async function withDeadline<T>(p: Promise<T>, timeoutMs: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), timeoutMs);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Polls `pred` until true or the deadline passes (then throws naming `what`). */
+export async function pollUntil(pred: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000, everyMs = 20): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await pred()) return;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+/** A loopback port that was just free and is now closed (nothing listens on it). */
+export async function closedPort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+  const addr = srv.address();
+  const port = typeof addr === 'object' && addr ? addr.port : 0;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
+
+/** A resolvable promise, for a test to tell a mock upstream "now". */
+export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => (resolve = r));
+  return { promise, resolve };
+}
