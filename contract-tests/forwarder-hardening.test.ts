@@ -246,4 +246,13 @@ t.test('every error answer has the same JSON shape', async (t) => {
   for (const [what, p, status, code] of cases) assertJsonError(t, await p, status, code, what);
 });
 
+t.test('ids named like Object.prototype members are unknown bindings, not lookups of inherited properties', async (t) => {
+  const { gw, fwd } = await setup(t);
+  for (const id of ['constructor', 'hasOwnProperty', '__proto__', 'toString', 'valueOf_']) {
+    const res = await send(`${fwd.base}/i/${id}/mcp`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: BODY });
+    assertJsonError(t, res, 404, 'unknown_binding', id);
+  }
+  t.equal(gw.requests.length, 0, 'upstream never called');
+});
+
 checkNoLeaks(t);

@@ -115,7 +115,9 @@ async function handle(
   if (!(MCP_METHODS as readonly string[]).includes(method)) {
     throw new AppError('method_not_allowed', undefined, { allow: MCP_METHODS.join(', ') });
   }
-  const binding = deps.registry.current.value[r.bindingId];
+  const bindings = deps.registry.current.value;
+  // Own properties only: `constructor` or `__proto__` is a well-formed id, not a binding.
+  const binding = Object.hasOwn(bindings, r.bindingId) ? bindings[r.bindingId] : undefined;
   if (!binding) throw new AppError('unknown_binding');
   rec.instanceId = binding.instanceId;
 

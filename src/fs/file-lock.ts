@@ -1,4 +1,4 @@
-import { open, readFile, unlink } from 'node:fs/promises';
+import { open, readFile, stat, unlink } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 export interface LockOptions {
@@ -35,7 +35,9 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, option
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
     const owner = Number((await readFile(lockPath, 'utf8').catch(() => '')).trim());
-    if (Number.isInteger(owner) && owner > 0 && !processAlive(owner)) {
+    // An empty lock is a holder killed between create and write: stale once it is old.
+    const emptyAndOld = owner === 0 && Date.now() - ((await stat(lockPath).catch(() => undefined))?.mtimeMs ?? Date.now()) > 5_000;
+    if ((Number.isInteger(owner) && owner > 0 && !processAlive(owner)) || emptyAndOld) {
       await unlink(lockPath).catch(() => undefined);
       continue;
     }

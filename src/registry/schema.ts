@@ -51,6 +51,28 @@ export function bindingPrefix(bindingId: string): string {
 
 export type ParseResult<T> = { ok: true; value: T } | { ok: false; error: string };
 
+/**
+ * zod's own messages may quote the offending text (an unknown key's name, say); ours are
+ * built from the issue code, so no file content reaches a log or /healthz.
+ */
+function issueMessage(issue: z.core.$ZodIssue): string {
+  switch (issue.code) {
+    case 'unrecognized_keys':
+      return `${issue.keys.length} unknown propert${issue.keys.length === 1 ? 'y' : 'ies'}`;
+    case 'invalid_key':
+      return 'invalid binding id (must match [A-Za-z0-9_-]{8,128})';
+    case 'invalid_type':
+      return `expected ${issue.expected}`;
+    case 'custom':
+    case 'invalid_format':
+    case 'too_small':
+    case 'too_big':
+      return issue.message;
+    default:
+      return 'invalid value';
+  }
+}
+
 /** Formats zod issues without echoing values (a value could be a secret pasted by mistake). */
 export function describeIssues(error: z.ZodError): string {
   return error.issues
@@ -58,7 +80,7 @@ export function describeIssues(error: z.ZodError): string {
     .map((i) => {
       // Record keys are binding ids (capabilities): show only their prefix.
       const path = i.path.map((p, idx) => (idx === 0 && typeof p === 'string' ? bindingPrefix(p) : String(p))).join('.');
-      return `${path || '(root)'}: ${i.message}`;
+      return `${path || '(root)'}: ${issueMessage(i)}`;
     })
     .join('; ');
 }

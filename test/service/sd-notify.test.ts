@@ -1,0 +1,201 @@
+import { fileURLToPath } from 'node:url';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { Writable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino, type Logger } from 'pino';
+import t from 'tap';
+import { createNotifier } from '../../src/service/sd-notify.js';
+import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+
+// CI has a read-only copy of the workplace's ../shared beside the repository.
+const RECEIVER =
+  process.env.NOTIFY_RECV_PY ?? fileURLToPath(new URL('../../../../shared/systemd-lab/notify-recv.py', import.meta.url));
+
+interface LogRecord {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+/** A real pino logger whose JSON lines are collected in memory. */
+function memoryLogger(): { log: Logger; records: LogRecord[] } {
+  const records: LogRecord[] = [];
+  const stream = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString('utf8').split('\n')) if (line) records.push(JSON.parse(line) as LogRecord);
+      cb();
+    },
+  });
+  const log: Logger = pino({ level: 'trace' }, stream);
+  return { log, records };
+}
+
+/** Un-escapes the Python repr notify-recv.py prints for each datagram. */
+function unrepr(repr: string): string {
+  const body = repr.slice(1, -1);
+  return body.replace(/\\(x[0-9a-fA-F]{2}|.)/g, (_m, e: string) => {
+    if (e === 'n') return '\n';
+    if (e === 'r') return '\r';
+    if (e === 't') return '\t';
+    if (e.startsWith('x')) return String.fromCharCode(parseInt(e.slice(1), 16));
+    return e;
+  });
+}
+
+interface Receiver {
+  socket: string;
+  /** Every datagram's assignments, in arrival order, BARRIER=1 datagrams left out. */
+  datagrams: string[][];
+  proc: ChildProcess;
+}
+
+async function startReceiver(t: TapTest): Promise<Receiver> {
+  const d = mkdtempSync(join(tmpdir(), 'ac-notify-'));
+  const socket = join(d, 'notify.sock');
+  const proc = spawn('python3', [RECEIVER, socket, '30'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const datagrams: string[][] = [];
+  const exited = once(proc, 'exit');
+  t.teardown(async () => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+    await exited;
+    rmSync(d, { recursive: true, force: true });
+  });
+  let listening!: () => void;
+  const ready = new Promise<void>((r) => (listening = r));
+  createInterface({ input: proc.stdout! }).on('line', (line) => {
+    if (line.startsWith('listening on')) listening();
+    const m = / msg=(.*)$/.exec(line);
+    if (!m?.[1]) return;
+    const lines = unrepr(m[1]).split('\n').filter((l) => l !== '');
+    if (lines.length === 1 && lines[0] === 'BARRIER=1') return;
+    datagrams.push(lines);
+  });
+  await Promise.race([
+    ready,
+    exited.then(() => {
+      throw new Error('notify receiver exited early');
+    }),
+  ]);
+  return { socket, datagrams, proc };
+}
+
+async function eventually(pred: () => boolean, timeoutMs = 10_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (!pred()) {
+    if (Date.now() > deadline) return false;
+    await sleep(20);
+  }
+  return true;
+}
+
+/** The assignments of all datagrams, minus MAINPID= (added by systemd-notify --pid). */
+function assignments(dg: string[]): string[] {
+  return dg.filter((l) => !l.startsWith('MAINPID='));
+}
+
+t.test('without NOTIFY_SOCKET every call is a no-op', async (t) => {
+  const { log, records } = memoryLogger();
+  // A binary that does not exist would log a warning if anything were sent.
+  for (const env of [{}, { NOTIFY_SOCKET: '' }]) {
+    const n = createNotifier({ env, log, binary: '/nonexistent/systemd-notify' });
+    t.equal(n.enabled, false);
+    await t.resolves(n.ready('serving 3 instances'));
+    await t.resolves(n.status('x'));
+    await t.resolves(n.reloading());
+    await t.resolves(n.stopping());
+    const stop = n.startWatchdog();
+    t.type(stop, 'function');
+    stop();
+  }
+  t.strictSame(records, [], 'nothing attempted, nothing logged');
+});
+
+t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPPING arrive in order', async (t) => {
+  const rx = await startReceiver(t);
+  const { log, records } = memoryLogger();
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket }, log });
+  t.equal(n.enabled, true);
+  await n.ready('serving 2 instances');
+  await n.reloading();
+  await n.ready('serving 3 instances');
+  await n.status('still serving 3 instances');
+  await n.stopping();
+  t.ok(await eventually(() => rx.datagrams.length >= 5), `5 datagrams arrived (${JSON.stringify(rx.datagrams)})`);
+  const got = rx.datagrams.map(assignments);
+  t.strictSame(got[0], ['READY=1', 'STATUS=serving 2 instances']);
+  t.equal(got[1]?.[0], 'RELOADING=1');
+  t.match(got[1]?.[1] ?? '', /^MONOTONIC_USEC=\d+$/);
+  t.equal(got[1]?.length, 2);
+  t.strictSame(got[2], ['READY=1', 'STATUS=serving 3 instances']);
+  t.strictSame(got[3], ['STATUS=still serving 3 instances']);
+  t.strictSame(got[4], ['STOPPING=1']);
+  t.equal(rx.datagrams.length, 5, 'nothing else was sent');
+  // MONOTONIC_USEC is CLOCK_MONOTONIC in µs; it must be close to our own monotonic clock.
+  const usec = Number((got[1]?.[1] ?? '').split('=')[1]);
+  const nowUsec = Number(process.hrtime.bigint() / 1000n);
+  t.ok(usec > 0 && usec <= nowUsec && nowUsec - usec < 60_000_000, 'MONOTONIC_USEC is a recent CLOCK_MONOTONIC time');
+  t.strictSame(records.filter((r) => r.level >= 40), [], 'no warnings');
+});
+
+t.test('a status containing newlines is sent as one line: no injected assignment', async (t) => {
+  const rx = await startReceiver(t);
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket } });
+  await n.ready('line one\nERRNO=5\r\nSTOPPING=1');
+  await n.status('a\rWATCHDOG=trigger');
+  t.ok(await eventually(() => rx.datagrams.length >= 2));
+  const [first, second] = rx.datagrams.map(assignments);
+  t.equal(first?.length, 2, `READY and one STATUS line only: ${JSON.stringify(first)}`);
+  t.equal(first?.[0], 'READY=1');
+  t.match(first?.[1] ?? '', /^STATUS=line one.*ERRNO=5.*STOPPING=1$/);
+  t.notOk(first?.includes('ERRNO=5'), 'no ERRNO= assignment');
+  t.notOk(first?.includes('STOPPING=1'), 'no STOPPING= assignment');
+  t.equal(second?.length, 1);
+  t.match(second?.[0] ?? '', /^STATUS=a.*WATCHDOG=trigger$/);
+  for (const dg of rx.datagrams) for (const l of dg) t.notMatch(l, /\r/, 'no CR survives');
+});
+
+t.test('watchdog pings at half of WATCHDOG_USEC and stops when told', async (t) => {
+  const rx = await startReceiver(t);
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket, WATCHDOG_USEC: '400000', WATCHDOG_PID: String(process.pid) } });
+  const stop = n.startWatchdog();
+  t.ok(await eventually(() => rx.datagrams.filter((d) => assignments(d).includes('WATCHDOG=1')).length >= 3), 'WATCHDOG=1 repeats');
+  stop();
+  for (const dg of rx.datagrams) t.strictSame(assignments(dg), ['WATCHDOG=1']);
+});
+
+t.test('watchdog is off when WATCHDOG_PID names another process or WATCHDOG_USEC is unset', async (t) => {
+  const { log, records } = memoryLogger();
+  for (const env of [
+    { NOTIFY_SOCKET: '/nonexistent.sock', WATCHDOG_USEC: '400000', WATCHDOG_PID: '1' },
+    { NOTIFY_SOCKET: '/nonexistent.sock' },
+    { NOTIFY_SOCKET: '/nonexistent.sock', WATCHDOG_USEC: 'garbage' },
+  ]) {
+    const stop = createNotifier({ env, log, binary: '/nonexistent/systemd-notify' }).startWatchdog();
+    stop();
+  }
+  // Had any ping been attempted, the missing binary would have logged a warning.
+  await sleep(50);
+  t.strictSame(records, []);
+});
+
+t.test('a missing systemd-notify binary logs a warning and does not throw', async (t) => {
+  const { log, records } = memoryLogger();
+  const n = createNotifier({ env: { NOTIFY_SOCKET: '/run/does-not-matter.sock' }, log, binary: '/nonexistent' });
+  t.equal(n.enabled, true);
+  await t.resolves(n.ready('x'));
+  await t.resolves(n.reloading());
+  await t.resolves(n.stopping());
+  const warnings = records.filter((r) => r.level === 40);
+  t.equal(warnings.length, 3, 'one warning per failed message');
+  t.match(warnings[0]?.msg, /sd_notify/);
+});
+
+t.test('a missing binary without a logger does not throw either', async (t) => {
+  const n = createNotifier({ env: { NOTIFY_SOCKET: '/run/x.sock' }, binary: '/nonexistent' });
+  await t.resolves(n.ready('x'));
+});

@@ -1,0 +1,170 @@
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { MAX_TOKEN_BYTES, fileTokenSource, parseToken, readTokenFile } from '../../src/token/token-file.js';
+
+const KIB16 = 16 * 1024;
+
+function dir(): string {
+  const d = mkdtempSync(join(tmpdir(), 'ac-token-'));
+  t.teardown(() => rmSync(d, { recursive: true, force: true }));
+  return d;
+}
+
+function parse(s: string | Buffer): ReturnType<typeof parseToken> {
+  return parseToken(typeof s === 'string' ? Buffer.from(s, 'latin1') : s);
+}
+
+t.test('the limit is 16 KiB', async (t) => {
+  t.equal(MAX_TOKEN_BYTES, KIB16);
+});
+
+t.test('parseToken strips exactly one trailing \\n or \\r\\n', async (t) => {
+  t.same(parse('abc'), { ok: true, token: 'abc' });
+  t.same(parse('abc\n'), { ok: true, token: 'abc' });
+  t.same(parse('abc\r\n'), { ok: true, token: 'abc' });
+  // Only one line ending is stripped; what remains must be a single visible-ASCII line.
+  t.same(parse('abc\n\n'), { ok: false, reason: 'malformed' });
+  t.same(parse('abc\r\n\r\n'), { ok: false, reason: 'malformed' });
+  t.same(parse('abc\r\r\n'), { ok: false, reason: 'malformed' });
+  t.same(parse('abc\n\r\n'), { ok: false, reason: 'malformed' });
+  t.same(parse('abc\r'), { ok: false, reason: 'malformed' }, 'a lone CR is not a line ending to strip');
+  t.same(parse('\n\n'), { ok: false, reason: 'malformed' }, 'one newline left over: not a single line');
+});
+
+t.test('parseToken: empty', async (t) => {
+  t.same(parse(''), { ok: false, reason: 'empty' });
+  t.same(parse('\n'), { ok: false, reason: 'empty' });
+  t.same(parse('\r\n'), { ok: false, reason: 'empty' });
+});
+
+t.test('parseToken: only visible ASCII, no spaces or control characters', async (t) => {
+  let all = '';
+  for (let c = 0x21; c <= 0x7e; c++) all += String.fromCharCode(c);
+  t.same(parse(all), { ok: true, token: all }, 'every visible ASCII character is allowed');
+  t.same(parse('eyJhbGciOi.eyJzdWIi.sig-_~+/='), { ok: true, token: 'eyJhbGciOi.eyJzdWIi.sig-_~+/=' });
+  for (const bad of ['a b', ' abc', 'abc ', 'a\tb', 'a\nb', 'a\rb', 'a\x00b', 'a\x7fb', 'a\x1bb', '\x0b', ' ', 'abc \n']) {
+    t.same(parse(bad), { ok: false, reason: 'malformed' }, JSON.stringify(bad));
+  }
+  t.same(parseToken(Buffer.from('tökén', 'utf8')), { ok: false, reason: 'malformed' }, 'UTF-8 non-ASCII');
+  t.same(parseToken(Buffer.from([0x61, 0xa0, 0x62])), { ok: false, reason: 'malformed' }, 'latin-1 NBSP');
+  t.same(parseToken(Buffer.from([0x61, 0xff])), { ok: false, reason: 'malformed' }, 'byte 0xff');
+});
+
+t.test('parseToken: at most 16 KiB', async (t) => {
+  const max = 'a'.repeat(KIB16);
+  t.same(parse(max), { ok: true, token: max });
+  t.same(parse(`${max}\n`), { ok: true, token: max });
+  t.same(parse(`${max}\r\n`), { ok: true, token: max });
+  t.same(parse(`${max}a`), { ok: false, reason: 'malformed' });
+  t.same(parse(`${max}a\n`), { ok: false, reason: 'malformed' });
+});
+
+t.test('readTokenFile against real files', async (t) => {
+  const d = dir();
+  const p = (name: string): string => join(d, name);
+
+  t.test('regular token file', async (t) => {
+    writeFileSync(p('ok.token'), 'tok-ABC.123\n', { mode: 0o600 });
+    t.same(readTokenFile(p('ok.token')), { ok: true, token: 'tok-ABC.123' });
+    writeFileSync(p('crlf.token'), 'tok-crlf\r\n');
+    t.same(readTokenFile(p('crlf.token')), { ok: true, token: 'tok-crlf' });
+    writeFileSync(p('bare.token'), 'tok-bare');
+    t.same(readTokenFile(p('bare.token')), { ok: true, token: 'tok-bare' });
+  });
+
+  t.test('read afresh every time: a replaced file is seen at once', async (t) => {
+    const f = p('swap.token');
+    writeFileSync(f, 'first\n');
+    t.same(readTokenFile(f), { ok: true, token: 'first' });
+    writeFileSync(`${f}.new`, 'second\n');
+    execFileSync('mv', [`${f}.new`, f]);
+    t.same(readTokenFile(f), { ok: true, token: 'second' });
+    writeFileSync(f, 'third\n');
+    t.same(fileTokenSource(f).read(), { ok: true, token: 'third' });
+  });
+
+  t.test('missing file, missing parent, path through a file → missing', async (t) => {
+    t.same(readTokenFile(p('nope.token')), { ok: false, reason: 'missing' });
+    t.same(readTokenFile(p('no-dir/x.token')), { ok: false, reason: 'missing' });
+    writeFileSync(p('plain'), 'x');
+    t.same(readTokenFile(p('plain/x.token')), { ok: false, reason: 'missing' });
+  });
+
+  t.test('a directory counts as missing', async (t) => {
+    mkdirSync(p('a-dir'));
+    t.same(readTokenFile(p('a-dir')), { ok: false, reason: 'missing' });
+  });
+
+  t.test('a dangling symlink is missing; a symlink to a good file works', async (t) => {
+    symlinkSync(p('does-not-exist'), p('dangling.token'));
+    t.same(readTokenFile(p('dangling.token')), { ok: false, reason: 'missing' });
+    writeFileSync(p('target.token'), 'via-link\n');
+    symlinkSync(p('target.token'), p('link.token'));
+    t.same(readTokenFile(p('link.token')), { ok: true, token: 'via-link' });
+  });
+
+  t.test('a FIFO is not a token file and does not block the reader', async (t) => {
+    execFileSync('mkfifo', [p('fifo.token')]);
+    const r = readTokenFile(p('fifo.token'));
+    t.equal(r.ok, false);
+    if (!r.ok) t.ok(r.reason === 'missing' || r.reason === 'unreadable', `reason ${r.reason}`);
+  });
+
+  const asRoot = process.getuid?.() === 0;
+  t.test('mode 000 file is unreadable', { skip: asRoot ? 'running as root: root can read a mode-000 file' : false }, async (t) => {
+    writeFileSync(p('locked.token'), 'secret\n');
+    chmodSync(p('locked.token'), 0o000);
+    t.same(readTokenFile(p('locked.token')), { ok: false, reason: 'unreadable' });
+  });
+
+  t.test('empty file → empty; newline only → empty', async (t) => {
+    writeFileSync(p('empty.token'), '');
+    t.same(readTokenFile(p('empty.token')), { ok: false, reason: 'empty' });
+    writeFileSync(p('nl.token'), '\n');
+    t.same(readTokenFile(p('nl.token')), { ok: false, reason: 'empty' });
+  });
+
+  t.test('exactly 16 KiB is fine (with or without line ending); 16 KiB + 1 is malformed', async (t) => {
+    const max = 'Z'.repeat(KIB16);
+    writeFileSync(p('max.token'), max);
+    t.same(readTokenFile(p('max.token')), { ok: true, token: max });
+    writeFileSync(p('max-nl.token'), `${max}\n`);
+    t.same(readTokenFile(p('max-nl.token')), { ok: true, token: max });
+    writeFileSync(p('max-crlf.token'), `${max}\r\n`);
+    t.same(readTokenFile(p('max-crlf.token')), { ok: true, token: max });
+    writeFileSync(p('over.token'), `${max}Z`);
+    t.same(readTokenFile(p('over.token')), { ok: false, reason: 'malformed' });
+    writeFileSync(p('over-nl.token'), `${max}Z\n`);
+    t.same(readTokenFile(p('over-nl.token')), { ok: false, reason: 'malformed' });
+    writeFileSync(p('over-crlf.token'), `${max}Z\r\n`);
+    t.same(readTokenFile(p('over-crlf.token')), { ok: false, reason: 'malformed' });
+    writeFileSync(p('two-lines.token'), `${max}\nsecond`);
+    t.same(readTokenFile(p('two-lines.token')), { ok: false, reason: 'malformed' });
+  });
+
+  t.test('non-ASCII content is malformed', async (t) => {
+    writeFileSync(p('utf8.token'), 'tök€n\n', 'utf8');
+    t.same(readTokenFile(p('utf8.token')), { ok: false, reason: 'malformed' });
+    writeFileSync(p('space.token'), 'Bearer abc\n');
+    t.same(readTokenFile(p('space.token')), { ok: false, reason: 'malformed' });
+    writeFileSync(p('bom.token'), '\ufeffabc\n', 'utf8');
+    t.same(readTokenFile(p('bom.token')), { ok: false, reason: 'malformed' });
+  });
+
+  t.test('a 1 MB file of valid characters is malformed (too long)', async (t) => {
+    writeFileSync(p('big.token'), 'a'.repeat(1024 * 1024));
+    t.same(readTokenFile(p('big.token')), { ok: false, reason: 'malformed' });
+  });
+
+  t.test('a huge (sparse) file is not read entirely: it is malformed, not an I/O error', async (t) => {
+    // 64 GiB: reading it whole would fail (ERR_FS_FILE_TOO_LARGE) or never finish; a
+    // bounded read sees only the first few KiB and calls the content malformed.
+    const f = p('huge.token');
+    writeFileSync(f, 'a'.repeat(KIB16 + 100));
+    truncateSync(f, 64 * 1024 * 1024 * 1024);
+    t.same(readTokenFile(f), { ok: false, reason: 'malformed' });
+  });
+});
