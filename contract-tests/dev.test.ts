@@ -24,6 +24,8 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
   t.match(url, /^http:\/\/127\.0\.0\.1:\d+\/i\/demo_[A-Za-z0-9_-]+\/mcp$/);
 
+  // The first token comes from renew fetch + apply against the demo Gateway.
+  await dev.waitForLog((l) => l.msg === 'token applied');
   const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
   t.equal(statSync(tokenFile).mode & 0o777, 0o600, 'demo token file is 0600');
   knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
@@ -57,7 +59,34 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   t.teardown(() => again.stop('SIGKILL'));
   const url2 = (await waitForStderr(again, /MCP URL:\s+(\S+)/))[1] as string;
   t.equal(url2.replace(/:\d+\//, ':P/'), url.replace(/:\d+\//, ':P/'), 'same binding id across runs');
+  await again.waitForLog((l) => l.msg === 'token applied');
   knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
+});
+
+t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
+  const stateDir = tempDir('ac-dev-rot-');
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
+  t.teardown(() => dev.stop('SIGKILL'));
+  const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
+  await dev.waitForLog((l) => l.msg === 'token applied');
+  const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
+  const client = new Client({ name: 'dev-rotation', version: '1.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(url));
+  await client.connect(transport);
+  const session = transport.sessionId;
+  const seen = new Set<string>();
+  const deadline = Date.now() + 30_000;
+  while (seen.size < 3 && Date.now() < deadline) {
+    knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
+    const r = await client.callTool({ name: 'whoami', arguments: {} });
+    const text = (r.content as Array<{ type: string; text: string }>)[0]?.text ?? '{}';
+    seen.add((JSON.parse(text) as { tokenId: string }).tokenId);
+    t.equal(transport.sessionId, session, 'same MCP session');
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.ok(seen.size >= 3, `the Gateway saw ${seen.size} distinct token ids in one session`);
+  t.ok(dev.logs.filter((l) => l.msg === 'renewed; handed to apply').length >= 3, 'fetch logged the renewals');
+  await client.close();
 });
 
 checkNoLeaks(t);

@@ -1,9 +1,11 @@
 #!/usr/bin/env node
 import { Command, CommanderError } from 'commander';
 import { ConfigError } from './errors.js';
+import { FetchIncompleteError } from './renew/fetch-service.js';
 import { version } from './version.js';
 import { registerForwarderCommands } from './cli/forwarder-commands.js';
 import { registerDevCommand } from './cli/dev-command.js';
+import { registerRenewCommands } from './cli/renew-commands.js';
 
 /**
  * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
@@ -17,8 +19,13 @@ async function main(argv: string[]): Promise<number> {
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s) });
   registerForwarderCommands(program);
+  registerRenewCommands(program);
   registerDevCommand(program);
-  for (const cmd of program.commands) cmd.exitOverride();
+  const override = (cmd: Command): void => {
+    cmd.exitOverride();
+    cmd.commands.forEach(override);
+  };
+  override(program);
 
   try {
     await program.parseAsync(argv);
@@ -27,6 +34,10 @@ async function main(argv: string[]): Promise<number> {
     if (err instanceof CommanderError) {
       if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0;
       return 2;
+    }
+    if (err instanceof FetchIncompleteError) {
+      process.stderr.write(`agent-connectors: ${err.message}\n`);
+      return 1;
     }
     if (err instanceof ConfigError) {
       process.stderr.write(`agent-connectors: ${err.message}\n`);

@@ -3,7 +3,10 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { Option } from 'commander';
 import { z } from 'zod';
-import { defaultInstancesPath, defaultTokenPath, resolveStateDir } from '../config/state-dir.js';
+import { defaultHandoffDir, defaultInstancesPath, defaultTokenPath, resolveStateDir } from '../config/state-dir.js';
+import { handoffPaths } from '../renew/handoff.js';
+import { ensureSlot, retireSlot } from '../renew/slot-admin.js';
+import { instanceSlot } from '../renew/wire.js';
 import { ConfigError } from '../errors.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { defaultUpstreamOptions } from '../http/dispatch.js';
@@ -24,6 +27,11 @@ export const DEFAULT_FORWARDER_LISTEN = '127.0.0.1:14323';
 interface StateOpts {
   stateDir?: string;
   instances?: string;
+  handoff?: string;
+}
+
+function handoffDir(opts: StateOpts): string {
+  return opts.handoff ? resolve(opts.handoff) : defaultHandoffDir(resolveStateDir(opts.stateDir));
 }
 
 function instancesPath(opts: StateOpts): string {
@@ -70,6 +78,7 @@ export function registerForwarderCommands(program: Command): void {
     .option('--token-file <file>', 'token file (default: <state>/mcp-forwarder/<instanceId>.token)')
     .option('--state-dir <dir>', 'state root')
     .option('--instances <file>', 'binding registry file')
+    .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
     .action(async (id: string | undefined, opts: Record<string, string>) => {
       const bindingId = id ? parseOption(bindingIdSchema, id, 'bindingId') : randomBytes(24).toString('base64url');
       const stateDir = resolveStateDir(opts.stateDir);
@@ -83,6 +92,8 @@ export function registerForwarderCommands(program: Command): void {
         'bind',
       );
       await updateInstances(instancesPath(opts), (current) => ({ next: { ...current, [bindingId]: binding }, result: undefined }));
+      // The slot tells renew fetch this instance needs a token (tokenId null → renewed at once).
+      await ensureSlot(handoffPaths(handoffDir(opts)), instanceSlot(binding.instanceId));
       process.stdout.write(`${bindingId}\n`);
     });
 
@@ -92,12 +103,17 @@ export function registerForwarderCommands(program: Command): void {
     .argument('<bindingId>')
     .option('--state-dir <dir>', 'state root')
     .option('--instances <file>', 'binding registry file')
+    .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
     .action(async (id: string, opts: StateOpts) => {
       const removed = await updateInstances(instancesPath(opts), (current) => {
+        if (!Object.hasOwn(current, id)) return { next: current, result: undefined };
         const { [id]: gone, ...rest } = current;
-        return { next: rest, result: gone !== undefined };
+        const stillUsed = Object.values(rest).some((b) => b.instanceId === gone?.instanceId);
+        return { next: rest, result: { instanceId: gone?.instanceId ?? '', stillUsed } };
       });
       if (!removed) throw new ConfigError(`no such binding: ${id.slice(0, 4)}…`);
+      // Last binding of the instance gone: stop renewing its token.
+      if (!removed.stillUsed) await retireSlot(handoffPaths(handoffDir(opts)), instanceSlot(removed.instanceId));
     });
 
   program

@@ -25,3 +25,12 @@ export function defaultInstancesPath(stateDir: string): string {
 export function defaultTokenPath(stateDir: string, instanceId: string): string {
   return join(forwarderDir(stateDir), `${instanceId}.token`);
 }
+
+/** The hand-off directory between renew fetch and renew apply (SPEC §4). */
+export function defaultHandoffDir(stateDir: string): string {
+  return join(stateDir, 'handoff');
+}
+
+export function defaultProvidersPath(stateDir: string): string {
+  return join(stateDir, 'cli-proxy', 'providers.json');
+}

@@ -1,4 +1,5 @@
-import { randomBytes, randomUUID } from 'node:crypto';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -7,19 +8,25 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import type { Logger } from '../log/logger.js';
+import type { RenewAuthority } from '../renew/authority.js';
+import { handleRenewHttp } from '../renew/gateway-http.js';
 
 /**
  * The built-in demo Gateway for `agent-connectors dev`: a real MCP server (official SDK,
  * stateful Streamable HTTP) behind bearer-token auth, standing in for the cloud Gateway.
- * It mints the tokens it accepts, so the demo shows injection working end to end.
+ * Its tokens come from the renewal endpoint (SPEC §4), so the demo shows renewal rotating
+ * tokens under a live agent session, and injection working end to end.
  */
 export class DemoGateway {
-  private readonly tokens = new Map<string, string>(); // token → tokenId
   private readonly sessions = new Map<string, StreamableHTTPServerTransport>();
   private readonly server = createServer((req, res) => void this.onRequest(req, res));
   port = 0;
 
-  constructor(private readonly log: Logger) {}
+  constructor(
+    private readonly log: Logger,
+    /** Mints and checks tokens, and serves the renewal endpoint of SPEC §4. */
+    readonly authority: RenewAuthority,
+  ) {}
 
   async listen(port = 0): Promise<number> {
     this.server.listen(port, '127.0.0.1');
@@ -32,16 +39,8 @@ export class DemoGateway {
     return `http://127.0.0.1:${this.port}/mcp`;
   }
 
-  /** Mints a token the gateway will accept. The caller writes it to the token file. */
-  mint(): { token: string; tokenId: string } {
-    const token = `demo_${randomBytes(24).toString('base64url')}`;
-    const tokenId = `tok_${randomBytes(6).toString('hex')}`;
-    this.tokens.set(token, tokenId);
-    return { token, tokenId };
-  }
-
-  revoke(token: string): void {
-    this.tokens.delete(token);
+  get baseUrl(): string {
+    return `http://127.0.0.1:${this.port}`;
   }
 
   private async readJson(req: IncomingMessage): Promise<unknown> {
@@ -52,10 +51,11 @@ export class DemoGateway {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    if (await handleRenewHttp(this.authority, req, res)) return;
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname !== '/mcp') return reply(res, 404, { error: 'not_found' });
     const auth = req.headers.authorization ?? '';
-    const tokenId = auth.startsWith('Bearer ') ? this.tokens.get(auth.slice(7)) : undefined;
+    const tokenId = auth.startsWith('Bearer ') ? this.authority.isValidToken(auth.slice(7))?.tokenId : undefined;
     if (!tokenId) {
       // A real gateway would send this; the forwarder must never pass it on to the agent.
       return reply(res, 401, { error: 'invalid_token' }, { 'www-authenticate': 'Bearer error="invalid_token"' });
@@ -80,17 +80,21 @@ export class DemoGateway {
         t.onclose = () => {
           if (t.sessionId) this.sessions.delete(t.sessionId);
         };
-        await this.createMcpServer(() => tokenId).connect(t);
+        await this.createMcpServer().connect(t);
         transport = t;
       }
-      await transport.handleRequest(req, res, body);
+      const handling = transport;
+      await this.requestToken.run(tokenId, () => handling.handleRequest(req, res, body));
     } catch (err) {
       this.log.warn({ err: { message: (err as Error).message } }, 'demo gateway: request failed');
       if (!res.headersSent) reply(res, 400, { jsonrpc: '2.0', error: { code: -32700, message: 'Parse error' }, id: null });
     }
   }
 
-  private createMcpServer(tokenIdOf: () => string): McpServer {
+  /** The token id of the request being served (whoami reports it; never the token). */
+  private readonly requestToken = new AsyncLocalStorage<string>();
+
+  private createMcpServer(): McpServer {
     const server = new McpServer({ name: 'agent-connectors-demo', version: '1.0.0' }, { capabilities: { logging: {} } });
     server.registerTool(
       'echo',
@@ -105,7 +109,7 @@ export class DemoGateway {
     server.registerTool(
       'whoami',
       { description: 'Which token id the gateway saw (never the token itself); shows renewal at work' },
-      async () => ({ content: [{ type: 'text', text: JSON.stringify({ tokenId: tokenIdOf(), at: new Date().toISOString() }) }] }),
+      async () => ({ content: [{ type: 'text', text: JSON.stringify({ tokenId: this.requestToken.getStore() ?? null, at: new Date().toISOString() }) }] }),
     );
     server.registerTool(
       'count',

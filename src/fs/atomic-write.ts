@@ -8,6 +8,11 @@ export interface AtomicWriteOptions {
   mode?: number;
   /** Owner for the new file (root writing a service's file must not leave it root-owned). */
   owner?: { uid: number; gid: number };
+  /**
+   * Test hook: called after half the data is in the temp file, so a crash test can kill
+   * the process mid-write and prove nothing partial ever becomes visible.
+   */
+  midWrite?: () => void;
 }
 
 /**
@@ -30,7 +35,15 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
   const tmp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
   const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   try {
-    await fh.writeFile(data);
+    if (options.midWrite) {
+      const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+      const half = Math.floor(bytes.length / 2);
+      await fh.write(bytes.subarray(0, half));
+      options.midWrite();
+      await fh.write(bytes.subarray(half));
+    } else {
+      await fh.writeFile(data);
+    }
     // The umask may have narrowed the mode given to open(); set it exactly.
     await fh.chmod(mode);
     if (options.owner) await fh.chown(options.owner.uid, options.owner.gid);

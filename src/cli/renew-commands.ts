@@ -1,0 +1,89 @@
+import { join, resolve } from 'node:path';
+import { Option, type Command } from 'commander';
+import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
+import { ConfigError } from '../errors.js';
+import { createLogger } from '../log/logger.js';
+import { upstreamUrlSchema } from '../registry/schema.js';
+import { createApplyService } from '../renew/apply-service.js';
+import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { handoffPaths } from '../renew/handoff.js';
+import { tokenFilesFor } from '../renew/token-targets.js';
+import { createNotifier } from '../service/sd-notify.js';
+import { runServices } from '../service/service.js';
+import { logLevel, parseOption, positiveInt } from './options.js';
+
+const levels = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
+export function registerRenewCommands(program: Command): void {
+  const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
+
+  renew
+    .command('fetch')
+    .description('renew due slots against the Gateway and hand the results to apply')
+    .option('--gateway <url>', 'Gateway base URL (default: $AGENT_CONNECTORS_GATEWAY_URL)')
+    .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
+    .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
+    .option('--state-dir <dir>', 'state root; fetch keeps its private state in <state>/renew-fetch')
+    .option('--once', 'settle every due slot, then exit (for a timer); exit 1 if any did not settle')
+    .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
+    .option('--backoff-cap-ms <n>', 'longest wait between retries', String(defaultFetchConfig.backoff.capMs))
+    .addOption(new Option('--log-level <level>', 'log level').choices(levels).default('info'))
+    .action(async (opts: Record<string, string | boolean | undefined>) => {
+      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const stateDir = resolveStateDir(opts.stateDir as string | undefined);
+      const gateway = (opts.gateway as string | undefined) ?? process.env.AGENT_CONNECTORS_GATEWAY_URL;
+      if (!gateway) throw new ConfigError('--gateway (or $AGENT_CONNECTORS_GATEWAY_URL) is required');
+      const gatewayUrl = parseOption(upstreamUrlSchema, gateway, '--gateway');
+      const credentialPath = opts.credential
+        ? resolve(opts.credential as string)
+        : process.env.CREDENTIALS_DIRECTORY
+          ? join(process.env.CREDENTIALS_DIRECTORY, 'host-credential')
+          : undefined;
+      if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
+      const service = createFetchService({
+        config: {
+          ...defaultFetchConfig,
+          gatewayUrl,
+          credentialPath,
+          handoffDir: resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir)),
+          privateDir: join(stateDir, 'renew-fetch'),
+          once: Boolean(opts.once),
+          onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
+          backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
+        },
+        log,
+        notifier: createNotifier({ log }),
+      });
+      process.exitCode = await runServices([service], log);
+    });
+
+  renew
+    .command('apply')
+    .description('write fetched tokens from the hand-off inbox into token files')
+    .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
+    .option('--state-dir <dir>', 'state root (token files, instances.json, providers.json)')
+    .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)')
+    .option('--providers <file>', 'cli-proxy catalog (default: <state>/cli-proxy/providers.json)')
+    .option('--watch', 'keep running and apply as files arrive (hosts without systemd)')
+    .addOption(new Option('--log-level <level>', 'log level').choices(levels).default('info'))
+    .action(async (opts: Record<string, string | boolean | undefined>) => {
+      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const stateDir = resolveStateDir(opts.stateDir as string | undefined);
+      const targets = {
+        stateDir,
+        instancesPath: opts.instances ? resolve(opts.instances as string) : defaultInstancesPath(stateDir),
+        providersPath: opts.providers ? resolve(opts.providers as string) : defaultProvidersPath(stateDir),
+      };
+      const service = createApplyService({
+        config: { watch: Boolean(opts.watch), rescanMs: 30_000 },
+        apply: {
+          paths: handoffPaths(resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir))),
+          tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
+          log,
+        },
+        log,
+        notifier: createNotifier({ log }),
+      });
+      process.exitCode = await runServices([service], log);
+    });
+}

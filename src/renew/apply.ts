@@ -1,0 +1,163 @@
+import { constants } from 'node:fs';
+import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { atomicWrite, ownerFor } from '../fs/atomic-write.js';
+import { withFileLock } from '../fs/file-lock.js';
+import type { Logger } from '../log/logger.js';
+import { crashPoint } from '../service/test-hooks.js';
+import {
+  emptySlotFile,
+  inboxFileSchema,
+  parseJsonWith,
+  readSlotFile,
+  slotFileName,
+  slotOfFileName,
+  type HandoffPaths,
+  type SlotFile,
+} from './handoff.js';
+
+export interface ApplyDeps {
+  paths: HandoffPaths;
+  tokenFilesFor: (slot: string) => Promise<string[]>;
+  log: Logger;
+  now?: () => number;
+}
+
+export interface ApplyStats {
+  applied: number;
+  ignored: number;
+  rejected: number;
+}
+
+/** Newer means a higher generation, or the same generation expiring later; and a new tokenId. */
+export function isNewer(candidate: { tokenId: string; credentialGeneration: number; expiresAt: string }, applied: SlotFile): boolean {
+  if (candidate.tokenId === applied.tokenId) return false;
+  if (candidate.credentialGeneration !== applied.generation) return candidate.credentialGeneration > applied.generation;
+  return applied.expiresAt === null || Date.parse(candidate.expiresAt) > Date.parse(applied.expiresAt);
+}
+
+/**
+ * Removes an inbox file only if it is still the one we read: fetch writes by rename, so a
+ * newer answer may have replaced it meanwhile, and that one must be applied, not deleted.
+ */
+async function removeIfSame(path: string, ino: number): Promise<boolean> {
+  const st = await lstat(path).catch(() => undefined);
+  if (!st || st.ino !== ino) return false;
+  await unlink(path);
+  return true;
+}
+
+async function moveAside(paths: HandoffPaths, name: string, ino: number, stamp: string): Promise<void> {
+  const from = join(paths.inbox, name);
+  const st = await lstat(from).catch(() => undefined);
+  if (!st || st.ino !== ino) return;
+  await mkdir(paths.rejected, { recursive: true });
+  await rename(from, join(paths.rejected, `${name}.${stamp}.rejected`));
+}
+
+/** One inbox file: validate → compare → token file(s) → slot file → remove. */
+async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promise<void> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const path = join(paths.inbox, name);
+  const slot = slotOfFileName(name);
+  if (name.startsWith('.')) return; // a writer's temp file, not ours to touch
+
+  let ino: number;
+  let text: string;
+  try {
+    const fh = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW);
+    try {
+      const st = await fh.stat();
+      if (!st.isFile() || st.size > 64 * 1024) throw Object.assign(new Error('not a small regular file'), { code: 'EINVAL' });
+      ino = st.ino;
+      text = await fh.readFile('utf8');
+    } finally {
+      await fh.close();
+    }
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return;
+    const st = await lstat(path).catch(() => undefined);
+    if (st) await moveAside(paths, name, st.ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason: `unreadable (${code ?? 'error'})` }, 'inbox file rejected; moved aside');
+    return;
+  }
+
+  const parsed = parseJsonWith(inboxFileSchema, text);
+  const reason = !slot ? 'file name is not <slot>.json' : !parsed.ok ? parsed.error : parsed.value.slot !== slot ? 'slot does not match the file name' : undefined;
+  if (reason !== undefined || !parsed.ok || !slot) {
+    await moveAside(paths, name, ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason }, 'inbox file rejected; moved aside, not applied');
+    return;
+  }
+  const msg = parsed.value;
+  const current = (await readSlotFile(paths, slot)) ?? emptySlotFile(slot);
+
+  if ('revoked' in msg) {
+    await writeSlotFile(paths, { ...current, revoked: true });
+    await removeIfSame(path, ino);
+    stats.applied += 1;
+    log.warn({ slot }, 'slot marked revoked (the Gateway no longer knows it)');
+    return;
+  }
+  if (!isNewer(msg, current)) {
+    await removeIfSame(path, ino);
+    stats.ignored += 1;
+    log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox file is not newer than the applied token; ignored');
+    return;
+  }
+  const files = await deps.tokenFilesFor(slot);
+  for (const file of files) {
+    await mkdir(dirname(file), { recursive: true, mode: 0o700 });
+    await atomicWrite(file, `${msg.token}\n`, {
+      mode: 0o600,
+      owner: await ownerFor(dirname(file)),
+      midWrite: () => crashPoint('apply-mid-token-write'),
+    });
+  }
+  crashPoint('apply-after-token-write');
+  await writeSlotFile(paths, {
+    slot,
+    tokenId: msg.tokenId,
+    expiresAt: msg.expiresAt,
+    generation: msg.credentialGeneration,
+    appliedAt: new Date(now()).toISOString(),
+  });
+  await removeIfSame(path, ino);
+  stats.applied += 1;
+  log.info({ slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: files.length }, 'token applied');
+}
+
+function stampOf(ms: number): string {
+  return new Date(ms).toISOString().replace(/[:.]/g, '-');
+}
+
+export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
+  await mkdir(paths.slots, { recursive: true });
+  // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
+  await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
+}
+
+/**
+ * Applies every inbox file, oldest name first, under the hand-off lock so a `.path`
+ * trigger and a manual run never interleave. Each file is independent: one bad file is
+ * moved aside and the rest still apply.
+ */
+export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
+  const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
+  await mkdir(deps.paths.inbox, { recursive: true });
+  await withFileLock(join(deps.paths.root, 'apply'), async () => {
+    const names = (await readdir(deps.paths.inbox)).sort();
+    for (const name of names) {
+      try {
+        await applyOne(deps, name, stats);
+      } catch (err) {
+        deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
+      }
+    }
+  });
+  return stats;
+}

@@ -1,0 +1,53 @@
+import { mkdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { atomicWrite } from '../fs/atomic-write.js';
+import { parseJsonWith } from './handoff.js';
+import { rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
+
+/**
+ * fetch's private, durable memory (in its own StateDirectory, unreadable to anyone else),
+ * one file per slot so each update is one atomic rename:
+ * - `pending`: the renewal in progress. Written BEFORE the request is sent, so a crash or
+ *   a lost answer is retried with the same requestId and the Gateway answers with the
+ *   token it already minted instead of minting a second one.
+ * - `delivered`: the last token handed to apply (no secret: id and times only), so fetch
+ *   does not renew again while apply has not caught up.
+ * - `adopted`: the Gateway's current tokenId learned from a 409, the next expectation.
+ */
+export const fetchSlotStateSchema = z.strictObject({
+  slot: slotIdSchema,
+  pending: z
+    .strictObject({ requestId: z.uuid(), expectedTokenId: tokenIdSchema.nullable(), since: rfc3339Schema })
+    .optional(),
+  delivered: z
+    .strictObject({ tokenId: tokenIdSchema, expiresAt: rfc3339Schema, generation: z.number().int().min(0), receivedAt: rfc3339Schema })
+    .optional(),
+  adopted: tokenIdSchema.nullable().optional(),
+});
+
+export type FetchSlotState = z.infer<typeof fetchSlotStateSchema>;
+
+export class FetchState {
+  constructor(readonly dir: string) {}
+
+  private path(slot: string): string {
+    return join(this.dir, `${slot}.json`);
+  }
+
+  async init(): Promise<void> {
+    await mkdir(this.dir, { recursive: true, mode: 0o700 });
+  }
+
+  /** A missing or unreadable record starts afresh: worst case one extra renewal, never a wrong token. */
+  async read(slot: string): Promise<FetchSlotState> {
+    const text = await readFile(this.path(slot), 'utf8').catch(() => undefined);
+    if (text === undefined) return { slot };
+    const parsed = parseJsonWith(fetchSlotStateSchema, text);
+    return parsed.ok && parsed.value.slot === slot ? parsed.value : { slot };
+  }
+
+  async write(state: FetchSlotState): Promise<void> {
+    await atomicWrite(this.path(state.slot), `${JSON.stringify(state)}\n`, { mode: 0o600 });
+  }
+}

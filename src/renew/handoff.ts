@@ -1,0 +1,108 @@
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { describeIssues } from '../registry/schema.js';
+import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
+
+/**
+ * The hand-off directory between `renew fetch` and `renew apply` (SPEC §4):
+ *   slots/<slot>.json  written by apply (and bind): what is applied, no secret
+ *   inbox/<slot>.json  written by fetch (0640): a 200 body, or a revocation notice
+ *   rejected/          invalid inbox files moved aside by apply, never lost
+ * Slot ids keep their colon in file names.
+ */
+export interface HandoffPaths {
+  root: string;
+  slots: string;
+  inbox: string;
+  rejected: string;
+}
+
+export function handoffPaths(root: string): HandoffPaths {
+  return { root, slots: join(root, 'slots'), inbox: join(root, 'inbox'), rejected: join(root, 'rejected') };
+}
+
+export const slotFileSchema = z.strictObject({
+  slot: slotIdSchema,
+  tokenId: tokenIdSchema.nullable(),
+  expiresAt: rfc3339Schema.nullable(),
+  generation: z.number().int().min(0),
+  /** When apply wrote the token; with expiresAt it gives fetch the lifetime. Our extension. */
+  appliedAt: rfc3339Schema.nullable().optional(),
+  /** Set by apply when fetch reported the slot revoked (Gateway 404). Our extension. */
+  revoked: z.boolean().optional(),
+});
+
+export type SlotFile = z.infer<typeof slotFileSchema>;
+
+/** fetch's notice that the Gateway no longer knows a slot (our extension of the inbox). */
+export const revokedNoticeSchema = z.strictObject({
+  slot: slotIdSchema,
+  revoked: z.literal(true),
+  at: rfc3339Schema,
+});
+
+export const inboxFileSchema = z.union([renewOkSchema.strict(), revokedNoticeSchema]);
+export type InboxFile = z.infer<typeof inboxFileSchema>;
+
+export function slotFileName(slot: string): string {
+  return `${slot}.json`;
+}
+
+/** Slot id of an inbox/slots file name, or undefined for anything else (temp files, junk). */
+export function slotOfFileName(name: string): string | undefined {
+  if (name.startsWith('.') || !name.endsWith('.json')) return undefined;
+  const slot = name.slice(0, -'.json'.length);
+  return slotIdSchema.safeParse(slot).success ? slot : undefined;
+}
+
+export function emptySlotFile(slot: string): SlotFile {
+  return { slot, tokenId: null, expiresAt: null, generation: 0 };
+}
+
+export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
+
+export function parseJsonWith<T>(schema: z.ZodType<T>, text: string): Parsed<T> {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return { ok: false, error: 'invalid JSON' };
+  }
+  const r = schema.safeParse(json);
+  return r.success ? { ok: true, value: r.data } : { ok: false, error: describeIssues(r.error) };
+}
+
+/** Reads every valid slot file; invalid ones are reported, not fatal. */
+export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[]; errors: Array<{ file: string; error: string }> }> {
+  const slots: SlotFile[] = [];
+  const errors: Array<{ file: string; error: string }> = [];
+  let names: string[];
+  try {
+    names = await readdir(paths.slots);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { slots, errors };
+    throw err;
+  }
+  for (const name of names.sort()) {
+    const slot = slotOfFileName(name);
+    if (!slot) continue;
+    const text = await readFile(join(paths.slots, name), 'utf8').catch(() => undefined);
+    if (text === undefined) continue;
+    const parsed = parseJsonWith(slotFileSchema, text);
+    if (!parsed.ok) errors.push({ file: name, error: parsed.error });
+    else if (parsed.value.slot !== slot) errors.push({ file: name, error: 'slot field does not match the file name' });
+    else slots.push(parsed.value);
+  }
+  return { slots, errors };
+}
+
+export async function readSlotFile(paths: HandoffPaths, slot: string): Promise<SlotFile | undefined> {
+  const text = await readFile(join(paths.slots, slotFileName(slot)), 'utf8').catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return undefined;
+    throw err;
+  });
+  if (text === undefined) return undefined;
+  const parsed = parseJsonWith(slotFileSchema, text);
+  return parsed.ok ? parsed.value : undefined;
+}

@@ -1,0 +1,45 @@
+/** Pure scheduling arithmetic for renewal; all times are epoch milliseconds. */
+
+export interface TokenTimes {
+  tokenId: string | null;
+  expiresAt: number | null;
+  /** When this host received or applied the token; with expiresAt it gives the lifetime. */
+  issuedAt: number | null;
+}
+
+/**
+ * When to renew: at once without a token (or with an unknown lifetime); otherwise when
+ * less than a third of the lifetime remains, moved earlier by up to a tenth of the
+ * lifetime at random so many hosts and slots do not renew in lockstep.
+ */
+export function renewDueAt(t: TokenTimes, rand: () => number = Math.random): number {
+  if (t.tokenId === null || t.expiresAt === null || t.issuedAt === null) return 0;
+  const lifetime = t.expiresAt - t.issuedAt;
+  if (lifetime <= 0) return 0;
+  return t.issuedAt + (lifetime * 2) / 3 - rand() * (lifetime / 10);
+}
+
+export interface BackoffOptions {
+  baseMs: number;
+  capMs: number;
+}
+
+export const defaultBackoff: BackoffOptions = { baseMs: 1_000, capMs: 5 * 60_000 };
+
+/**
+ * Exponential backoff with full jitter (uniform in [0, min(cap, base·2^attempt))), never
+ * sooner than the server's Retry-After.
+ */
+export function backoffDelay(attempt: number, retryAfterMs: number | undefined, options: BackoffOptions = defaultBackoff, rand: () => number = Math.random): number {
+  const ceiling = Math.min(options.capMs, options.baseMs * 2 ** Math.min(attempt, 30));
+  return Math.max(retryAfterMs ?? 0, Math.floor(rand() * ceiling));
+}
+
+/** Retry-After as delta-seconds or an HTTP date; undefined when absent or unparseable. */
+export function parseRetryAfter(value: string | string[] | undefined, now: number): number | undefined {
+  const v = Array.isArray(value) ? value[0] : value;
+  if (!v) return undefined;
+  if (/^\d+$/.test(v.trim())) return Number(v.trim()) * 1000;
+  const date = Date.parse(v);
+  return Number.isNaN(date) ? undefined : Math.max(0, date - now);
+}
