@@ -6,6 +6,7 @@ import { version } from './version.js';
 import { registerForwarderCommands } from './cli/forwarder-commands.js';
 import { registerDevCommand } from './cli/dev-command.js';
 import { registerRenewCommands } from './cli/renew-commands.js';
+import { registerCliProxyCommands } from './cli/cli-proxy-commands.js';
 
 /**
  * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
@@ -20,6 +21,7 @@ async function main(argv: string[]): Promise<number> {
     .configureOutput({ writeErr: (s) => process.stderr.write(s) });
   registerForwarderCommands(program);
   registerRenewCommands(program);
+  registerCliProxyCommands(program);
   registerDevCommand(program);
   const override = (cmd: Command): void => {
     cmd.exitOverride();

@@ -7,6 +7,7 @@ import type { ServerResponse } from 'node:http';
 export const errorTable = {
   not_found: { status: 404, message: 'No such route.' },
   unknown_binding: { status: 404, message: 'No binding with this id is configured on this host.' },
+  unknown_provider: { status: 404, message: 'No provider with this name is configured on this host.' },
   method_not_allowed: { status: 405, message: 'This method is not allowed on this path.' },
   payload_too_large: { status: 413, message: 'The request body exceeds the configured limit.' },
   forbidden_host: { status: 403, message: 'The Host header must name this loopback listener.' },

@@ -1,15 +1,12 @@
-import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
-import { AppError, sendError, toAppError } from '../errors.js';
-import { AbortedError, dispatchUpstream, type UpstreamResponse } from '../http/dispatch.js';
+import { AppError } from '../errors.js';
+import { dispatchUpstream, type UpstreamResponse } from '../http/dispatch.js';
 import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy } from '../http/headers.js';
-import { checkHost, checkOrigin } from '../http/loopback.js';
-import { ClientGoneError, readBody } from '../http/request-body.js';
+import { readBody } from '../http/request-body.js';
+import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { streamResponse } from '../http/respond.js';
-import type { InFlight } from '../http/server.js';
-import type { Logger } from '../log/logger.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../registry/schema.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
@@ -17,66 +14,14 @@ import { HEALTH_METHODS, MCP_METHODS, mcpMethodOf, route } from './route.js';
 
 export const TOKEN_REJECTED_RETRY_AFTER_S = 10;
 
-export interface ForwarderDeps {
+export interface ForwarderDeps extends PipelineDeps {
   registry: HotFile<InstancesFile>;
   agent: Agent;
-  log: Logger;
-  /** The port actually bound (known only after listen when --listen used port 0). */
-  port: () => number;
   bodyLimit: number;
-  inflight: InFlight;
-  stopping: () => boolean;
-}
-
-/** What one request did, for its single access-log line. Never a token, never a body. */
-interface AccessRecord {
-  reqId: string;
-  method: string;
-  binding?: string;
-  instanceId?: string;
-  mcpMethod?: string;
-  status?: number;
-  upstreamStatus?: number;
-  bytesIn: number;
-  bytesOut: number;
-  outcome: string;
-  retried?: boolean;
-  /** Why no token could be used (missing, empty, unreadable, malformed). */
-  tokenProblem?: string;
 }
 
 export function createForwarderHandler(deps: ForwarderDeps): (req: IncomingMessage, res: ServerResponse) => void {
-  const { log } = deps;
-
-  return (req, res) => {
-    const started = process.hrtime.bigint();
-    const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
-    const controller = new AbortController();
-    res.once('close', () => {
-      if (!res.writableFinished) {
-        controller.abort();
-        if (rec.outcome === 'ok') rec.outcome = 'client_closed';
-      }
-      rec.status = res.statusCode;
-      const durationMs = Number(process.hrtime.bigint() - started) / 1e6;
-      log.info({ ...rec, durationMs: Math.round(durationMs * 1000) / 1000 }, 'access');
-    });
-    deps.inflight.add(res, () => controller.abort());
-
-    handle(deps, req, res, rec, controller.signal).catch((err: unknown) => {
-      if (err instanceof AbortedError || err instanceof ClientGoneError) {
-        rec.outcome = 'client_closed';
-        res.destroy();
-        return;
-      }
-      const appErr = toAppError(err);
-      if (appErr.code === 'internal_error') {
-        log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
-      }
-      rec.outcome = appErr.code;
-      sendError(res, appErr);
-    });
-  };
+  return createRequestPipeline(deps, (req, res, rec, signal) => handle(deps, req, res, rec, signal));
 }
 
 async function handle(
@@ -86,15 +31,6 @@ async function handle(
   rec: AccessRecord,
   signal: AbortSignal,
 ): Promise<void> {
-  if (deps.stopping()) {
-    res.shouldKeepAlive = false;
-    throw new AppError('service_unavailable');
-  }
-  const host = checkHost(req.headers.host, deps.port());
-  if (!host.ok) throw new AppError('forbidden_host');
-  const origin = checkOrigin(firstValue(req.headers.origin));
-  if (!origin.ok) throw new AppError('forbidden_origin');
-
   const r = route(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -102,9 +38,7 @@ async function handle(
       throw new AppError('method_not_allowed', undefined, { allow: HEALTH_METHODS.join(', ') });
     }
     const state = deps.registry.current;
-    const body = JSON.stringify({ status: state.status, instances: Object.keys(state.value).length, version });
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
-    res.end(method === 'HEAD' ? undefined : body);
+    sendJson(res, 200, { status: state.status, instances: Object.keys(state.value).length, version }, method === 'HEAD');
     rec.outcome = 'health';
     return;
   }

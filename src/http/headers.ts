@@ -78,3 +78,58 @@ export function filterHeaderRecord(
 export function firstValue(value: string | string[] | undefined): string | undefined {
   return Array.isArray(value) ? value[0] : value;
 }
+
+/** Hop-by-hop headers (RFC 9110 §7.6.1) plus the proxy-era ones; never forwarded either way. */
+export const HOP_BY_HOP: ReadonlySet<string> = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
+
+/**
+ * A blacklist filter for the CLI proxy, where CLIs send API-specific headers we cannot
+ * enumerate: drops hop-by-hop headers, any header the `Connection` header names, and the
+ * `drop` set (credentials, host, forwarding headers).
+ */
+export function dropRawHeaders(raw: readonly string[], drop: ReadonlySet<string>): HeaderRecord {
+  const named = new Set<string>();
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    if ((raw[i] as string).toLowerCase() === 'connection') {
+      for (const token of (raw[i + 1] as string).split(',')) named.add(token.trim().toLowerCase());
+    }
+  }
+  const out: HeaderRecord = {};
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = (raw[i] as string).toLowerCase();
+    if (HOP_BY_HOP.has(name) || drop.has(name) || named.has(name) || name.startsWith('x-forwarded-')) continue;
+    const value = raw[i + 1] as string;
+    const prev = out[name];
+    if (prev === undefined) out[name] = value;
+    else if (Array.isArray(prev)) prev.push(value);
+    else out[name] = [prev, value];
+  }
+  return out;
+}
+
+/** Same over an undici response header record. */
+export function dropHeaderRecord(headers: Readonly<Record<string, string | string[] | undefined>>, drop: ReadonlySet<string>): HeaderRecord {
+  const named = new Set(
+    (firstValue(headers.connection) ?? '')
+      .split(',')
+      .map((t) => t.trim().toLowerCase())
+      .filter(Boolean),
+  );
+  const out: HeaderRecord = {};
+  for (const [key, value] of Object.entries(headers)) {
+    const name = key.toLowerCase();
+    if (value === undefined || HOP_BY_HOP.has(name) || drop.has(name) || named.has(name)) continue;
+    out[name] = value;
+  }
+  return out;
+}

@@ -1,0 +1,67 @@
+import { z } from 'zod';
+import { absolutePathSchema, describeIssues, upstreamUrlSchema, type ParseResult } from '../registry/schema.js';
+
+export const PROVIDER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$/;
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
+const COMMAND_NAME = /^[A-Za-z0-9._+-]{1,64}$/;
+
+/** Headers that are never an injection target: they belong to the connection, not the API. */
+const RESERVED_HEADERS = new Set(['host', 'connection', 'content-length', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'keep-alive']);
+
+const tokenTemplate = z.string().max(256).refine((v) => v.includes('{token}'), 'must contain {token}');
+
+export const injectSchema = z.discriminatedUnion('type', [
+  z.strictObject({
+    type: z.literal('header'),
+    name: z
+      .string()
+      .regex(HEADER_NAME, 'not a valid header name')
+      .refine((n) => !RESERVED_HEADERS.has(n.toLowerCase()), 'cannot inject into a connection header'),
+    value: tokenTemplate,
+  }),
+  z.strictObject({ type: z.literal('query'), name: z.string().min(1).max(64).regex(/^[A-Za-z0-9_.~-]+$/, 'not a plain query parameter name') }),
+  /** HTTP Basic: `username:password`, either of which may be the {token} template. */
+  z.strictObject({ type: z.literal('basic'), username: z.string().max(256).default(''), password: z.string().max(256).default('{token}') }).refine(
+    (b) => b.username.includes('{token}') || b.password.includes('{token}'),
+    'basic injection needs {token} in username or password',
+  ),
+]);
+
+export const commandSchema = z.strictObject({
+  name: z.string().regex(COMMAND_NAME, 'command name must match [A-Za-z0-9._+-]{1,64}'),
+  env: z.record(z.string().regex(ENV_NAME, 'not a valid environment variable name'), z.string().max(4096)).default({}),
+});
+
+export const providerSchema = z.strictObject({
+  upstream: upstreamUrlSchema,
+  tokenFile: absolutePathSchema,
+  inject: injectSchema,
+  commands: z.array(commandSchema).default([]),
+});
+
+export const catalogSchema = z.record(z.string().regex(PROVIDER_NAME, 'provider name must match [A-Za-z0-9_.-]{1,64}'), providerSchema);
+
+export type Inject = z.infer<typeof injectSchema>;
+export type Provider = z.infer<typeof providerSchema>;
+export type Catalog = z.infer<typeof catalogSchema>;
+
+export function parseCatalog(text: string): ParseResult<Catalog> {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return { ok: false, error: 'invalid JSON' };
+  }
+  const parsed = catalogSchema.safeParse(json);
+  if (!parsed.success) return { ok: false, error: `schema: ${describeIssues(parsed.error)}` };
+  const names = new Map<string, string>();
+  for (const [provider, p] of Object.entries(parsed.data)) {
+    for (const c of p.commands) {
+      const other = names.get(c.name);
+      if (other !== undefined) return { ok: false, error: `schema: command "${c.name}" is declared by two providers` };
+      names.set(c.name, provider);
+    }
+  }
+  return { ok: true, value: parsed.data };
+}

@@ -1,0 +1,40 @@
+import type { HotFile } from '../config/hot-file.js';
+import type { UpstreamOptions } from '../http/dispatch.js';
+import { createLoopbackService } from '../http/loopback-service.js';
+import type { ListenAddress } from '../http/loopback.js';
+import type { Logger } from '../log/logger.js';
+import type { Notifier } from '../service/sd-notify.js';
+import type { Service } from '../service/service.js';
+import { parseCatalog, type Catalog } from './catalog.js';
+import { createCliProxyHandler } from './handler.js';
+
+export interface CliProxyConfig {
+  listen: ListenAddress;
+  providersPath: string;
+  bodyLimit: number;
+  upstream: UpstreamOptions;
+  shutdownGraceMs: number;
+}
+
+function statusLine(catalog: HotFile<Catalog>): string {
+  const s = catalog.current;
+  const n = Object.keys(s.value).length;
+  return s.status === 'ok' ? `serving ${n} provider(s)` : `degraded: providers.json invalid, serving last good ${n} provider(s)`;
+}
+
+/** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
+export function createCliProxyService(deps: { config: CliProxyConfig; log: Logger; notifier: Notifier; onListening?: (port: number) => void }): Service {
+  const { config } = deps;
+  return createLoopbackService<Catalog>({
+    name: 'cli-proxy',
+    listen: config.listen,
+    upstream: config.upstream,
+    shutdownGraceMs: config.shutdownGraceMs,
+    config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers' },
+    statusLine,
+    handler: (d) => createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit }),
+    log: deps.log,
+    notifier: deps.notifier,
+    onListening: deps.onListening,
+  });
+}

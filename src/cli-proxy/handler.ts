@@ -1,0 +1,104 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { Transform, type TransformCallback } from 'node:stream';
+import type { Agent } from 'undici';
+import type { HotFile } from '../config/hot-file.js';
+import { AppError } from '../errors.js';
+import { dispatchUpstream } from '../http/dispatch.js';
+import { dropHeaderRecord, dropRawHeaders, firstValue } from '../http/headers.js';
+import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
+import { streamResponse } from '../http/respond.js';
+import { readTokenFile } from '../token/token-file.js';
+import { version } from '../version.js';
+import type { Catalog } from './catalog.js';
+import { injectToken, strippedHeaders } from './inject.js';
+import { rewriteLocation, routeCli, upstreamUrl } from './route.js';
+
+export interface CliProxyDeps extends PipelineDeps {
+  catalog: HotFile<Catalog>;
+  agent: Agent;
+  bodyLimit: number;
+}
+
+/** Upstream → CLI: a session cookie would be a credential the agent could keep. */
+const RESPONSE_DROP: ReadonlySet<string> = new Set(['set-cookie', 'set-cookie2']);
+const REFUSED_METHODS = new Set(['CONNECT', 'TRACE']);
+
+export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
+  return createRequestPipeline(deps, (req, res, rec, signal) => handle(deps, req, res, rec, signal));
+}
+
+/** Counts request bytes on their way upstream and fails the upload past the limit. */
+class BodyLimit extends Transform {
+  seen = 0;
+  exceeded = false;
+  constructor(private readonly limit: number) {
+    super();
+  }
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    this.seen += chunk.length;
+    if (this.seen > this.limit) {
+      this.exceeded = true;
+      cb(new AppError('payload_too_large'));
+      return;
+    }
+    cb(null, chunk);
+  }
+}
+
+async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal): Promise<void> {
+  const r = routeCli(req.url);
+  const method = req.method ?? '';
+  if (r.kind === 'health') {
+    if (method !== 'GET' && method !== 'HEAD') throw new AppError('method_not_allowed', undefined, { allow: 'GET, HEAD' });
+    const state = deps.catalog.current;
+    sendJson(res, 200, { status: state.status, providers: Object.keys(state.value).length, version }, method === 'HEAD');
+    rec.outcome = 'health';
+    return;
+  }
+  if (r.kind === 'not_found') throw new AppError('not_found');
+  if (r.kind === 'unknown_provider') throw new AppError('unknown_provider');
+  rec.provider = r.provider;
+  const providers = deps.catalog.current.value;
+  const provider = Object.hasOwn(providers, r.provider) ? providers[r.provider] : undefined;
+  if (!provider) throw new AppError('unknown_provider');
+  if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed');
+
+  const url = upstreamUrl(provider.upstream, r.rest, r.search);
+  const basePath = new URL(provider.upstream).pathname.replace(/\/+$/, '');
+  if (!url.pathname.startsWith(basePath)) throw new AppError('not_found'); // ../ out of the base path
+  rec.path = url.pathname.slice(basePath.length, basePath.length + 200) || '/';
+
+  const declared = req.headers['content-length'];
+  if (declared !== undefined && Number(declared) > deps.bodyLimit) throw new AppError('payload_too_large');
+
+  const read = readTokenFile(provider.tokenFile);
+  if (!read.ok) {
+    rec.tokenProblem = read.reason;
+    throw new AppError('token_unavailable');
+  }
+  const headers = dropRawHeaders(req.rawHeaders, strippedHeaders(provider.inject));
+  injectToken(provider.inject, read.token, headers, url);
+
+  const hasBody = declared !== undefined ? Number(declared) > 0 : req.headers['transfer-encoding'] !== undefined;
+  const limiter = hasBody ? new BodyLimit(deps.bodyLimit) : undefined;
+  if (limiter) req.pipe(limiter);
+  let upstream;
+  try {
+    upstream = await dispatchUpstream(deps.agent, { url, method, headers, body: limiter ?? null, signal });
+  } catch (err) {
+    if (limiter?.exceeded) throw new AppError('payload_too_large');
+    throw err;
+  }
+  rec.bytesIn = limiter?.seen ?? 0;
+  rec.upstreamStatus = upstream.statusCode;
+
+  const out = dropHeaderRecord(upstream.headers, RESPONSE_DROP);
+  const location = firstValue(out.location);
+  if (location !== undefined) {
+    out.location = rewriteLocation(location, url, provider.upstream, `http://${req.headers.host ?? ''}/p/${r.provider}`);
+  }
+  const outcome = await streamResponse(res, upstream, out, (n) => {
+    rec.bytesOut += n;
+  });
+  if (outcome !== 'ok') rec.outcome = outcome;
+}

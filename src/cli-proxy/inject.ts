@@ -1,0 +1,54 @@
+import type { HeaderRecord } from '../http/headers.js';
+import type { Inject } from './catalog.js';
+
+/** Credential headers an agent or CLI may send; always stripped before injection. */
+export const AGENT_CREDENTIAL_HEADERS: readonly string[] = ['authorization', 'cookie', 'proxy-authorization'];
+
+export function fill(template: string, token: string): string {
+  return template.split('{token}').join(token);
+}
+
+/** The header names a request must lose before injection under `inject`. */
+export function strippedHeaders(inject: Inject): Set<string> {
+  const names = new Set([...AGENT_CREDENTIAL_HEADERS, 'host', 'origin', 'referer', 'forwarded']);
+  if (inject.type === 'header') names.add(inject.name.toLowerCase());
+  return names;
+}
+
+/**
+ * Adds the real credential to an outgoing request, in place, as the catalog says. Pure
+ * apart from mutating the given record and URL; the token goes nowhere else.
+ */
+export function injectToken(inject: Inject, token: string, headers: HeaderRecord, url: URL): void {
+  switch (inject.type) {
+    case 'header':
+      headers[inject.name.toLowerCase()] = fill(inject.value, token);
+      return;
+    case 'query':
+      url.search = withQueryParam(url.search, inject.name, token);
+      return;
+    case 'basic':
+      headers.authorization = `Basic ${Buffer.from(`${fill(inject.username, token)}:${fill(inject.password, token)}`).toString('base64')}`;
+      return;
+  }
+}
+
+/**
+ * Replaces every `name=` parameter of a raw query with `name=<value>`, leaving all other
+ * parameters byte for byte as the CLI sent them (URLSearchParams would re-encode them).
+ */
+export function withQueryParam(search: string, name: string, value: string): string {
+  const kept = (search.startsWith('?') ? search.slice(1) : search).split('&').filter((pair) => {
+    if (pair === '') return false;
+    const key = pair.split('=', 1)[0] as string;
+    let decoded: string;
+    try {
+      decoded = decodeURIComponent(key.replace(/\+/g, ' '));
+    } catch {
+      decoded = key;
+    }
+    return decoded !== name;
+  });
+  kept.push(`${encodeURIComponent(name)}=${encodeURIComponent(value)}`);
+  return `?${kept.join('&')}`;
+}

@@ -1,0 +1,120 @@
+import { resolve } from 'node:path';
+import { Option, type Command } from 'commander';
+import { parseCatalog, type Catalog } from '../cli-proxy/catalog.js';
+import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
+import { defaultHandoffDir, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
+import { ConfigError } from '../errors.js';
+import { defaultUpstreamOptions } from '../http/dispatch.js';
+import { parseListen } from '../http/loopback.js';
+import { createLogger } from '../log/logger.js';
+import { handoffPaths } from '../renew/handoff.js';
+import { ensureSlot } from '../renew/slot-admin.js';
+import { cliSlot } from '../renew/wire.js';
+import { createNotifier } from '../service/sd-notify.js';
+import { runServices } from '../service/service.js';
+import { installShims } from '../shims/install.js';
+import { readFile } from 'node:fs/promises';
+import { AGENTS, type AgentName } from './mcp-add.js';
+import { logLevel, parseOption, positiveInt } from './options.js';
+
+export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
+export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
+
+export function defaultShimDir(stateDir: string): string {
+  return process.getuid?.() === 0 ? '/usr/local/lib/agent-connectors/shims' : resolve(stateDir, 'shims');
+}
+
+export async function loadCatalog(path: string): Promise<Catalog> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
+    throw err;
+  }
+  const parsed = parseCatalog(text);
+  if (!parsed.ok) throw new ConfigError(`${path} is invalid (${parsed.error})`);
+  return parsed.value;
+}
+
+/** How to give an agent the shim directory (it needs only that directory first on PATH). */
+export function pathSetupCommand(agent: AgentName, dir: string): string {
+  switch (agent) {
+    case 'openclaw':
+      return `openclaw config set tools.exec.pathPrepend ${dir}`;
+    case 'claude':
+      return `PATH=${dir}:$PATH claude   # or put ${dir} first on PATH in the agent user's environment`;
+    case 'codex':
+      return `PATH=${dir}:$PATH codex    # or put ${dir} first on PATH in the agent user's environment`;
+  }
+}
+
+export function registerCliProxyCommands(program: Command): void {
+  program
+    .command('cli-proxy')
+    .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
+    .option('--listen <host:port>', 'loopback address to listen on (port 0 picks one)', DEFAULT_CLI_PROXY_LISTEN)
+    .option('--state-dir <dir>', 'state root')
+    .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
+    .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
+    .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_CLI_BODY_LIMIT))
+    .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
+    .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
+    .action(async (opts: Record<string, string | undefined>) => {
+      const listen = parseListen(opts.listen ?? DEFAULT_CLI_PROXY_LISTEN);
+      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const stateDir = resolveStateDir(opts.stateDir);
+      const service = createCliProxyService({
+        config: {
+          listen,
+          providersPath: opts.providers ? resolve(opts.providers) : defaultProvidersPath(stateDir),
+          bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
+          upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
+          shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
+        },
+        log,
+        notifier: createNotifier({ log }),
+      });
+      process.exitCode = await runServices([service], log);
+    });
+
+  const shims = program.command('shims').description('PATH shims that point shell CLIs at the cli-proxy');
+  shims
+    .command('install')
+    .description('write one shim per catalog command into the shim directory (and remove stale ones)')
+    .option('--dir <dir>', 'shim directory (default: /usr/local/lib/agent-connectors/shims as root, else <state>/shims)')
+    .option('--proxy-url <url>', 'cli-proxy base URL baked into the shims', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
+    .option('--state-dir <dir>', 'state root')
+    .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
+    .option('--handoff <dir>', 'renewal hand-off directory, for the providers\' cli:<provider> slots (default: <state>/handoff)')
+    .action(async (opts: Record<string, string | undefined>) => {
+      const stateDir = resolveStateDir(opts.stateDir);
+      const catalog = await loadCatalog(opts.providers ? resolve(opts.providers) : defaultProvidersPath(stateDir));
+      const proxyUrl = opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`;
+      let parsedProxy: URL;
+      try {
+        parsedProxy = new URL(proxyUrl);
+      } catch {
+        throw new ConfigError(`--proxy-url is not a URL: ${proxyUrl}`);
+      }
+      parseListen(parsedProxy.host); // loopback only, like the proxy itself
+      const dir = resolve(opts.dir ?? defaultShimDir(stateDir));
+      const result = await installShims(catalog, dir, parsedProxy.origin);
+      const paths = handoffPaths(opts.handoff ? resolve(opts.handoff) : defaultHandoffDir(stateDir));
+      for (const provider of Object.keys(catalog)) await ensureSlot(paths, cliSlot(provider));
+      process.stdout.write(
+        `${[`shims in ${dir}: ${result.written.join(', ') || '(none)'}`, result.removed.length ? `removed stale: ${result.removed.join(', ')}` : '']
+          .filter(Boolean)
+          .join('\n')}\n`,
+      );
+    });
+  shims
+    .command('path')
+    .description('print how to put the shim directory first on an agent\'s PATH')
+    .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]).makeOptionMandatory())
+    .option('--dir <dir>', 'shim directory')
+    .option('--state-dir <dir>', 'state root')
+    .action((opts: { agent: AgentName; dir?: string; stateDir?: string }) => {
+      process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(resolveStateDir(opts.stateDir))))}\n`);
+    });
+}

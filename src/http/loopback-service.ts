@@ -1,0 +1,95 @@
+import { mkdir } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Agent } from 'undici';
+import { HotFile, type HotFileOptions } from '../config/hot-file.js';
+import type { Logger } from '../log/logger.js';
+import type { Notifier } from '../service/sd-notify.js';
+import type { Service } from '../service/service.js';
+import { createUpstreamAgent, type UpstreamOptions } from './dispatch.js';
+import type { ListenAddress } from './loopback.js';
+import type { PipelineDeps } from './request-pipeline.js';
+import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
+
+export interface LoopbackServiceSpec<T> {
+  /** Service name; also the log message prefix (`<name> listening`). */
+  name: string;
+  listen: ListenAddress;
+  upstream: UpstreamOptions;
+  shutdownGraceMs: number;
+  /** The hot-reloaded JSON config this part serves from (registry or catalog). */
+  config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string };
+  statusLine: (config: HotFile<T>) => string;
+  handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
+  log: Logger;
+  notifier: Notifier;
+  onListening?: (port: number) => void;
+}
+
+/**
+ * The one shape of a loopback proxy part (forwarder, cli-proxy): load and watch its config
+ * file, listen, tell systemd, reload on SIGHUP (RELOADING=1 … READY=1), and on stop drain
+ * in-flight requests within the grace period.
+ */
+export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service {
+  const { log, notifier } = spec;
+  return {
+    name: spec.name,
+    async run(signal) {
+      await mkdir(dirname(spec.config.path), { recursive: true, mode: 0o700 });
+      const config: HotFile<T> = new HotFile<T>({
+        ...spec.config,
+        onLoad: (state, change) => {
+          const count = Object.keys(state.value as object).length;
+          if (change.ok) {
+            log.info({ [spec.config.countField]: count, generation: state.generation, missing: change.missing }, `${spec.config.label} loaded`);
+          } else {
+            log.error({ error: state.error, [spec.config.countField]: count }, `${spec.config.label} rejected; keeping last good`);
+          }
+          void notifier.status(spec.statusLine(config));
+        },
+      });
+      await config.start();
+
+      const agent = createUpstreamAgent(spec.upstream);
+      const inflight = new InFlight();
+      let stopping = false;
+      let port = spec.listen.port;
+      const server = createLoopbackServer(
+        spec.handler({ config, agent, log, inflight, port: () => port, stopping: () => stopping }),
+      );
+      // Node's own clientError handling answers 400/408/431 without detail; keep it.
+      const bound = await listen(server, spec.listen);
+      port = bound.port;
+      log.info({ address: bound.address, port: bound.port }, `${spec.name} listening`);
+      spec.onListening?.(bound.port);
+
+      const onHup = (): void => {
+        log.info(`SIGHUP: reloading ${spec.config.label}`);
+        void (async () => {
+          await notifier.reloading();
+          await config.reload();
+          await notifier.ready(spec.statusLine(config));
+        })();
+      };
+      process.on('SIGHUP', onHup);
+      await notifier.ready(spec.statusLine(config));
+      const stopWatchdog = notifier.startWatchdog();
+
+      await new Promise<void>((resolve) => {
+        if (signal.aborted) resolve();
+        else signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+
+      stopping = true;
+      process.off('SIGHUP', onHup);
+      stopWatchdog();
+      await notifier.stopping();
+      log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
+      const clean = await closeGracefully(server, inflight, spec.shutdownGraceMs);
+      await agent.close().catch(() => undefined);
+      await config.close();
+      log.info({ clean }, `${spec.name} stopped`);
+    },
+  };
+}

@@ -1,0 +1,91 @@
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { AppError, sendError, toAppError } from '../errors.js';
+import type { Logger } from '../log/logger.js';
+import { AbortedError } from './dispatch.js';
+import { firstValue } from './headers.js';
+import { checkHost, checkOrigin } from './loopback.js';
+import { ClientGoneError } from './request-body.js';
+import type { InFlight } from './server.js';
+
+/**
+ * What one request did, for its single access-log line. Never a token, header value or
+ * body: only the shape of the call. Parts add their own fields (binding, provider…).
+ */
+export interface AccessRecord {
+  reqId: string;
+  method: string;
+  status?: number;
+  upstreamStatus?: number;
+  bytesIn: number;
+  bytesOut: number;
+  outcome: string;
+  /** Why no token could be used (missing, empty, unreadable, malformed). */
+  tokenProblem?: string;
+  [field: string]: string | number | boolean | undefined;
+}
+
+export interface PipelineDeps {
+  log: Logger;
+  inflight: InFlight;
+  /** The port actually bound (known only after listen when --listen used port 0). */
+  port: () => number;
+  stopping: () => boolean;
+}
+
+export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal) => Promise<void>;
+
+/**
+ * The shared front of every loopback server (forwarder and cli-proxy): request id, abort
+ * on agent disconnect, in-flight tracking for graceful shutdown, loopback Host/Origin
+ * checks before any routing, one access-log line, and the one place where any error
+ * becomes its JSON answer.
+ */
+export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): (req: IncomingMessage, res: ServerResponse) => void {
+  const { log } = deps;
+  return (req, res) => {
+    const started = process.hrtime.bigint();
+    const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
+    const controller = new AbortController();
+    res.once('close', () => {
+      if (!res.writableFinished) {
+        controller.abort();
+        if (rec.outcome === 'ok') rec.outcome = 'client_closed';
+      }
+      rec.status = res.statusCode;
+      const durationMs = Number(process.hrtime.bigint() - started) / 1e6;
+      log.info({ ...rec, durationMs: Math.round(durationMs * 1000) / 1000 }, 'access');
+    });
+    deps.inflight.add(res, () => controller.abort());
+
+    const run = async (): Promise<void> => {
+      if (deps.stopping()) {
+        res.shouldKeepAlive = false;
+        throw new AppError('service_unavailable');
+      }
+      if (!checkHost(req.headers.host, deps.port()).ok) throw new AppError('forbidden_host');
+      if (!checkOrigin(firstValue(req.headers.origin)).ok) throw new AppError('forbidden_origin');
+      await route(req, res, rec, controller.signal);
+    };
+    run().catch((err: unknown) => {
+      if (err instanceof AbortedError || err instanceof ClientGoneError) {
+        rec.outcome = 'client_closed';
+        res.destroy();
+        return;
+      }
+      const appErr = toAppError(err);
+      if (appErr.code === 'internal_error') {
+        log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
+      }
+      rec.outcome = appErr.code;
+      sendError(res, appErr);
+    });
+  };
+}
+
+/** Answers a small JSON document (health endpoints). */
+export function sendJson(res: ServerResponse, status: number, value: unknown, head = false): void {
+  const body = JSON.stringify(value);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+  res.end(head ? undefined : body);
+}

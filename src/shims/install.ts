@@ -1,0 +1,36 @@
+import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Catalog } from '../cli-proxy/catalog.js';
+import { atomicWrite } from '../fs/atomic-write.js';
+import { renderShims, SHIM_MARKER } from './render.js';
+
+export interface InstallResult {
+  written: string[];
+  removed: string[];
+}
+
+/**
+ * Writes one executable (0755) per catalog command into `dir`, atomically, and removes
+ * shims of ours that the catalog no longer names. Files that are not our shims are never
+ * touched.
+ */
+export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
+  await mkdir(dir, { recursive: true, mode: 0o755 });
+  const shims = renderShims(catalog, dir, proxyUrl);
+  const wanted = new Set(shims.map((s) => s.name));
+  const written: string[] = [];
+  for (const shim of shims) {
+    await atomicWrite(join(dir, shim.name), shim.script, { mode: 0o755 });
+    written.push(shim.name);
+  }
+  const removed: string[] = [];
+  for (const name of await readdir(dir)) {
+    if (wanted.has(name) || name.startsWith('.')) continue;
+    const head = await readFile(join(dir, name), 'utf8').then((t) => t.slice(0, 200)).catch(() => '');
+    if (head.includes(SHIM_MARKER)) {
+      await unlink(join(dir, name));
+      removed.push(name);
+    }
+  }
+  return { written, removed };
+}
