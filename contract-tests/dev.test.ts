@@ -1,5 +1,6 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { execFileSync } from 'node:child_process';
 import { readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
@@ -19,13 +20,13 @@ async function waitForStderr(proc: CliProc, re: RegExp, timeoutMs = 15_000): Pro
 
 t.test('dev: a real MCP client lists and calls the demo tools through the forwarder', async (t) => {
   const stateDir = tempDir('ac-dev-');
-  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0']);
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
   t.teardown(() => dev.stop('SIGKILL'));
   const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
   t.match(url, /^http:\/\/127\.0\.0\.1:\d+\/i\/demo_[A-Za-z0-9_-]+\/mcp$/);
 
   // The first token comes from renew fetch + apply against the demo Gateway.
-  await dev.waitForLog((l) => l.msg === 'token applied');
+  await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
   const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
   t.equal(statSync(tokenFile).mode & 0o777, 0o600, 'demo token file is 0600');
   knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
@@ -53,22 +54,31 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   const access = dev.logs.filter((l) => l.msg === 'access' && l.mcpMethod === 'tools/call');
   t.equal(access.length, 2, 'one access line per tools/call');
 
+  // The shell CLI line printed by dev works as printed: shim → cli-proxy → demo API.
+  await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'cli:demo');
+  knownSecrets.add(readFileSync(join(stateDir, 'cli-proxy', 'demo.token'), 'utf8').trim());
+  const line = dev.stderr.find((l) => l.includes('acdemo whoami'))?.trim() ?? '';
+  t.match(line, /^PATH=\S+:\S+:\$PATH acdemo whoami$/, 'prints a runnable shim command');
+  const out = execFileSync('sh', ['-c', line], { encoding: 'utf8' });
+  t.match(out, /"provider":"demo","tokenId":"tid_/, 'the demo API answered the shimmed CLI');
+  t.notMatch(out, readFileSync(join(stateDir, 'cli-proxy', 'demo.token'), 'utf8').trim(), 'no token in the CLI output');
+
   // A second run reuses the same binding id, so a configured agent keeps working.
   await dev.stop('SIGTERM');
-  const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0']);
+  const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
   t.teardown(() => again.stop('SIGKILL'));
   const url2 = (await waitForStderr(again, /MCP URL:\s+(\S+)/))[1] as string;
   t.equal(url2.replace(/:\d+\//, ':P/'), url.replace(/:\d+\//, ':P/'), 'same binding id across runs');
-  await again.waitForLog((l) => l.msg === 'token applied');
+  await again.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
   knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
 });
 
 t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
   const stateDir = tempDir('ac-dev-rot-');
-  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
   t.teardown(() => dev.stop('SIGKILL'));
   const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
-  await dev.waitForLog((l) => l.msg === 'token applied');
+  await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
   const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
   const client = new Client({ name: 'dev-rotation', version: '1.0.0' });
   const transport = new StreamableHTTPClientTransport(new URL(url));

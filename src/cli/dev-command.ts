@@ -17,7 +17,13 @@ import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.j
 import { writeSlotFile } from '../renew/apply.js';
 import { emptySlotFile, handoffPaths } from '../renew/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
-import { instanceSlot } from '../renew/wire.js';
+import { cliSlot, instanceSlot } from '../renew/wire.js';
+import type { Catalog } from '../cli-proxy/catalog.js';
+import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
+import { installShims } from '../shims/install.js';
+import { shQuote } from '../shims/render.js';
+import { fileURLToPath } from 'node:url';
+import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN, pathSetupCommand } from './cli-proxy-commands.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
@@ -25,6 +31,32 @@ import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
 import { logLevel, parseOption, positiveInt } from './options.js';
 
 const DEMO_INSTANCE = 'demo';
+const DEMO_PROVIDER = 'demo';
+
+function hostForUrl(host: string): string {
+  return host.includes(':') ? `[${host}]` : host;
+}
+
+/** The demo provider: the demo Gateway's REST API, reached by the `acdemo` CLI. */
+function demoCatalog(gatewayBase: string, tokenFile: string): Catalog {
+  return {
+    [DEMO_PROVIDER]: {
+      upstream: `${gatewayBase}/api/demo`,
+      tokenFile,
+      inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' },
+      commands: [{ name: 'acdemo', env: { ACDEMO_URL: '{baseUrl}', ACDEMO_TOKEN: '{placeholder}' } }],
+    },
+  };
+}
+
+/** Puts the real `acdemo` command (a launcher for dist/dev/demo-cli.js) in <state>/demo-bin. */
+async function installDemoCli(stateDir: string): Promise<string> {
+  const dir = join(stateDir, 'demo-bin');
+  await mkdir(dir, { recursive: true, mode: 0o755 });
+  const script = fileURLToPath(new URL('../dev/demo-cli.js', import.meta.url));
+  await atomicWrite(join(dir, 'acdemo'), `#!/bin/sh\nexec ${shQuote(process.execPath)} ${shQuote(script)} "$@"\n`, { mode: 0o755 });
+  return dir;
+}
 
 /**
  * Keeps the demo binding id stable across runs (an agent configured once keeps working),
@@ -40,8 +72,8 @@ async function ensureDemoBinding(instancesPath: string, upstreamUrl: string, tok
 
 /**
  * `dev`: every part in one process, as separate Services, against the built-in demo
- * Gateway: forwarder, renew fetch (with a throw-away host credential) and renew apply
- * (watch mode). Tokens live `--token-lifetime-s` (60 s), so rotations show in the log
+ * Gateway: forwarder, cli-proxy (with a demo provider and its `acdemo` shim), renew
+ * fetch (with a throw-away host credential) and renew apply (watch mode). Tokens live `--token-lifetime-s` (60 s), so rotations show in the log
  * while an agent keeps its session.
  */
 export function registerDevCommand(program: Command): void {
@@ -50,21 +82,24 @@ export function registerDevCommand(program: Command): void {
     .description('run every part against a built-in demo Gateway, state under ./.state (no root, no systemd)')
     .option('--state-dir <dir>', 'state root for the demo', './.state')
     .option('--listen <host:port>', 'forwarder address', DEFAULT_FORWARDER_LISTEN)
+    .option('--cli-listen <host:port>', 'cli-proxy address', DEFAULT_CLI_PROXY_LISTEN)
     .option('--token-lifetime-s <n>', 'lifetime of demo tokens; renewal runs at 2/3 of it', '60')
     .option('--log-level <level>', 'log level', 'info')
-    .action(async (opts: { stateDir: string; listen: string; logLevel: string; tokenLifetimeS: string }) => {
+    .action(async (opts: { stateDir: string; listen: string; cliListen: string; logLevel: string; tokenLifetimeS: string }) => {
       const listen = parseListen(opts.listen);
+      const cliListen = parseListen(opts.cliListen);
       const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
       const lifetimeMs = parseOption(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s') * 1000;
       const stateDir = resolve(opts.stateDir);
       await mkdir(forwarderDir(stateDir), { recursive: true, mode: 0o700 });
       const slot = instanceSlot(DEMO_INSTANCE);
+      const demoCliSlot = cliSlot(DEMO_PROVIDER);
 
       // A fresh host credential per run: the demo Gateway forgets everything on exit.
       const credentialPath = join(stateDir, 'host-credential');
       const credential = `hc_${randomBytes(24).toString('base64url')}`;
       await atomicWrite(credentialPath, `${credential}\n`, { mode: 0o600 });
-      const authority = new RenewAuthority({ credential, tokenLifetimeMs: lifetimeMs, slots: [slot], tokenPrefix: 'demo_' });
+      const authority = new RenewAuthority({ credential, tokenLifetimeMs: lifetimeMs, slots: [slot, demoCliSlot], tokenPrefix: 'demo_' });
       const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority);
       await gateway.listen(0);
 
@@ -76,6 +111,12 @@ export function registerDevCommand(program: Command): void {
       // nothing to it, so start the slot and fetch's private state afresh.
       await rm(join(stateDir, 'renew-fetch'), { recursive: true, force: true });
       await writeSlotFile(paths, emptySlotFile(slot));
+      await writeSlotFile(paths, emptySlotFile(demoCliSlot));
+      const providersPath = defaultProvidersPath(stateDir);
+      const catalog = demoCatalog(gateway.baseUrl, join(stateDir, 'cli-proxy', `${DEMO_PROVIDER}.token`));
+      await mkdir(join(stateDir, 'cli-proxy'), { recursive: true, mode: 0o700 });
+      await atomicWrite(providersPath, `${JSON.stringify(catalog, null, 2)}\n`, { mode: 0o600 });
+      const demoBin = await installDemoCli(stateDir);
       log.info({ gateway: gateway.baseUrl, tokenLifetimeS: lifetimeMs / 1000 }, 'demo gateway up');
 
       const quiet = createNotifier({ log, env: {} });
@@ -90,13 +131,28 @@ export function registerDevCommand(program: Command): void {
         log: log.child({ part: 'renew-fetch' }),
         notifier: quiet,
       });
-      const targets = { stateDir, instancesPath, providersPath: defaultProvidersPath(stateDir) };
+      const targets = { stateDir, instancesPath, providersPath };
       const apply = createApplyService({
         config: { watch: true, rescanMs: 30_000 },
         apply: { paths, tokenFilesFor: (s) => tokenFilesFor(s, targets), log: log.child({ part: 'renew-apply' }) },
         log: log.child({ part: 'renew-apply' }),
         notifier: quiet,
       });
+      let cliPortKnown!: (port: number) => void;
+      const cliPort = new Promise<number>((resolvePort) => (cliPortKnown = resolvePort));
+      const cliProxy = createCliProxyService({
+        config: {
+          listen: cliListen,
+          providersPath,
+          bodyLimit: DEFAULT_CLI_BODY_LIMIT,
+          upstream: defaultUpstreamOptions,
+          shutdownGraceMs: 2_000,
+        },
+        log: log.child({ part: 'cli-proxy' }),
+        notifier: quiet,
+        onListening: (port) => cliPortKnown(port),
+      });
+      const shimDir = join(stateDir, 'shims');
       const forwarder = createForwarderService({
         config: {
           listen,
@@ -107,8 +163,9 @@ export function registerDevCommand(program: Command): void {
         },
         log: log.child({ part: 'forwarder' }),
         notifier: quiet,
-        onListening: (port) => {
-          const base = `http://${listen.host.includes(':') ? `[${listen.host}]` : listen.host}:${port}`;
+        onListening: async (port) => {
+          const base = `http://${hostForUrl(listen.host)}:${port}`;
+          await installShims(catalog, shimDir, `http://${hostForUrl(cliListen.host)}:${await cliPort}`);
           const url = mcpUrl(base, bindingId);
           const lines = [
             '',
@@ -122,6 +179,12 @@ export function registerDevCommand(program: Command): void {
             ...AGENTS.map((a) => `  ${mcpAddCommand(a, 'connectors', url)}`),
             '',
             'Demo tools: echo, add, whoami (shows the token id in use), count (streams progress over SSE).',
+            '',
+            'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
+            `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
+            `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
+            'Give an agent the shim directory:',
+            ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
             'Ctrl-C stops.',
             '',
           ];
@@ -136,6 +199,6 @@ export function registerDevCommand(program: Command): void {
           await gateway.close();
         },
       };
-      process.exitCode = await runServices([gatewayService, apply, fetch, forwarder], log);
+      process.exitCode = await runServices([gatewayService, apply, fetch, cliProxy, forwarder], log);
     });
 }

@@ -53,6 +53,7 @@ export class DemoGateway {
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (await handleRenewHttp(this.authority, req, res)) return;
     const url = new URL(req.url ?? '/', 'http://gateway');
+    if (url.pathname.startsWith('/api/demo/')) return this.demoApi(req, res, url);
     if (url.pathname !== '/mcp') return reply(res, 404, { error: 'not_found' });
     const auth = req.headers.authorization ?? '';
     const tokenId = auth.startsWith('Bearer ') ? this.authority.isValidToken(auth.slice(7))?.tokenId : undefined;
@@ -89,6 +90,23 @@ export class DemoGateway {
       this.log.warn({ err: { message: (err as Error).message } }, 'demo gateway: request failed');
       if (!res.headersSent) reply(res, 400, { jsonrpc: '2.0', error: { code: -32700, message: 'Parse error' }, id: null });
     }
+  }
+
+  /**
+   * The demo provider's REST API for the shell CLI (`acdemo`), reached through the
+   * cli-proxy, which injects the `cli:demo` token.
+   */
+  private demoApi(req: IncomingMessage, res: ServerResponse, url: URL): void {
+    const auth = req.headers.authorization ?? '';
+    const valid = auth.startsWith('Bearer ') ? this.authority.isValidToken(auth.slice(7)) : undefined;
+    if (!valid || valid.slot !== 'cli:demo') return reply(res, 401, { error: 'invalid_token' });
+    if (url.pathname === '/api/demo/whoami') return reply(res, 200, { provider: 'demo', tokenId: valid.tokenId });
+    if (url.pathname === '/api/demo/items') {
+      const q = url.searchParams.get('q') ?? '';
+      const items = ['meeting notes', 'roadmap', 'release checklist', 'on-call handbook'].filter((i) => i.includes(q));
+      return reply(res, 200, { items });
+    }
+    return reply(res, 404, { error: 'not_found' });
   }
 
   /** The token id of the request being served (whoami reports it; never the token). */
