@@ -7,6 +7,7 @@ import { registerForwarderCommands } from './cli/forwarder-commands.js';
 import { registerDevCommand } from './cli/dev-command.js';
 import { registerRenewCommands } from './cli/renew-commands.js';
 import { registerCliProxyCommands } from './cli/cli-proxy-commands.js';
+import { registerInstallCommands } from './cli/install-commands.js';
 
 /**
  * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
@@ -22,6 +23,7 @@ async function main(argv: string[]): Promise<number> {
   registerForwarderCommands(program);
   registerRenewCommands(program);
   registerCliProxyCommands(program);
+  registerInstallCommands(program);
   registerDevCommand(program);
   const override = (cmd: Command): void => {
     cmd.exitOverride();

@@ -6,6 +6,7 @@ import { HotFile, type HotFileOptions } from '../config/hot-file.js';
 import type { Logger } from '../log/logger.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
+import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './dispatch.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps } from './request-pipeline.js';
@@ -73,6 +74,15 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         })();
       };
       process.on('SIGHUP', onHup);
+      // Test-only (AGENT_CONNECTORS_TEST_HOOKS=stall-on-sigusr2): SIGUSR2 blocks the event
+      // loop for good, so the watchdog test sees systemd kill and restart a hung process.
+      const onStall = (): void => {
+        log.warn('test hook: stalling the event loop');
+        for (;;) {
+          // a hung process, on purpose
+        }
+      };
+      if (hookEnabled('stall-on-sigusr2')) process.on('SIGUSR2', onStall);
       await notifier.ready(spec.statusLine(config));
       const stopWatchdog = notifier.startWatchdog();
 

@@ -150,12 +150,20 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
   await mkdir(deps.paths.inbox, { recursive: true });
   await withFileLock(join(deps.paths.root, 'apply'), async () => {
-    const names = (await readdir(deps.paths.inbox)).sort();
-    for (const name of names) {
-      try {
-        await applyOne(deps, name, stats);
-      } catch (err) {
-        deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
+    // Re-list until a round finds nothing new: a file renamed in while we worked would
+    // otherwise wait for the next trigger (a systemd .path unit does not fire for a
+    // service that is still running).
+    const failed = new Set<string>();
+    for (let round = 0; round < 10; round++) {
+      const names = (await readdir(deps.paths.inbox)).filter((n) => !n.startsWith('.') && !failed.has(n)).sort();
+      if (names.length === 0) break;
+      for (const name of names) {
+        try {
+          await applyOne(deps, name, stats);
+        } catch (err) {
+          failed.add(name);
+          deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
+        }
       }
     }
   });

@@ -1,0 +1,43 @@
+import { resolve } from 'node:path';
+import type { Command } from 'commander';
+import { install, uninstall, type Action } from '../install/install.js';
+
+function report(actions: Action[], dryRun: boolean): void {
+  const width = Math.max(0, ...actions.map((a) => a.what.length));
+  for (const a of actions) process.stdout.write(`${dryRun ? 'would ' : ''}${a.what.padEnd(width)}  ${a.path}\n`);
+  if (actions.length === 0) process.stdout.write('nothing to do\n');
+}
+
+export function registerInstallCommands(program: Command): void {
+  program
+    .command('install')
+    .description('install the package, systemd units, sysusers.d and tmpfiles.d files (run as root)')
+    .option('--prefix <dir>', 'package goes to <prefix>/lib/agent-connectors, the CLI to <prefix>/bin', '/usr/local')
+    .option('--root <dir>', 'write everything under this directory instead of / (image builds, tests)', '/')
+    .option('--node <path>', 'node binary the units run', process.execPath)
+    .option('--dry-run', 'print what would be done, change nothing')
+    .option('--no-activate', 'do not run systemd-sysusers, systemd-tmpfiles and daemon-reload')
+    .action(async (opts: { prefix: string; root: string; node: string; dryRun?: boolean; activate: boolean }) => {
+      const dryRun = Boolean(opts.dryRun);
+      const actions = await install({ prefix: resolve(opts.prefix), root: resolve(opts.root), node: resolve(opts.node), dryRun, activate: opts.activate });
+      report(actions, dryRun);
+      if (!dryRun) {
+        process.stdout.write(
+          '\nNext: put the host credential in /etc/agent-connectors/host-credential (0600 root),\n' +
+            'the Gateway URL in /etc/agent-connectors/renew-fetch.env (AGENT_CONNECTORS_GATEWAY_URL=https://…),\n' +
+            'then: systemctl enable --now agent-connectors.target\n',
+        );
+      }
+    });
+  program
+    .command('uninstall')
+    .description('remove what install put in place; state under /var/lib stays unless --purge')
+    .option('--prefix <dir>', 'install prefix', '/usr/local')
+    .option('--root <dir>', 'root the installation was written under', '/')
+    .option('--dry-run', 'print what would be done, change nothing')
+    .option('--purge', 'also delete /var/lib/agent-connectors (registry, catalog, tokens) and fetch\'s state')
+    .action(async (opts: { prefix: string; root: string; dryRun?: boolean; purge?: boolean }) => {
+      const dryRun = Boolean(opts.dryRun);
+      report(await uninstall({ prefix: resolve(opts.prefix), root: resolve(opts.root), dryRun, purge: Boolean(opts.purge) }), dryRun);
+    });
+}

@@ -1,0 +1,135 @@
+import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from 'node:fs/promises';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { execa } from 'execa';
+import { atomicWrite } from '../fs/atomic-write.js';
+
+/** Where the running package lives (the directory holding package.json and dist/). */
+export const PACKAGE_ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
+
+export interface InstallOptions {
+  /** Install prefix for the package and the CLI link (default /usr/local). */
+  prefix: string;
+  /** Scratch root all files are written under (tests, image builds); paths inside units stay without it. */
+  root: string;
+  /** The node binary units run (default: the one running this command). */
+  node: string;
+  dryRun: boolean;
+  /** After writing: systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload (only with root "/"). */
+  activate: boolean;
+}
+
+export interface Layout {
+  libDir: string;
+  binLink: string;
+  unitDir: string;
+  sysusers: string;
+  tmpfiles: string;
+}
+
+export function layout(prefix: string): Layout {
+  return {
+    libDir: join(prefix, 'lib', 'agent-connectors'),
+    binLink: join(prefix, 'bin', 'agent-connectors'),
+    // Units installed by an administrator (not a distribution package) belong in /etc.
+    unitDir: '/etc/systemd/system',
+    sysusers: '/etc/sysusers.d/agent-connectors.conf',
+    tmpfiles: '/etc/tmpfiles.d/agent-connectors.conf',
+  };
+}
+
+export function renderUnit(text: string, libDir: string, node: string): string {
+  return text.split('@LIBDIR@').join(libDir).split('@NODE@').join(node);
+}
+
+export const PACKAGE_PARTS = ['package.json', 'README.md', 'dist', 'shims', 'units', 'node_modules'] as const;
+
+export interface Action {
+  what: string;
+  path: string;
+}
+
+async function unitFiles(): Promise<string[]> {
+  return (await readdir(join(PACKAGE_ROOT, 'units'))).filter((n) => /\.(service|path|timer|target)$/.test(n)).sort();
+}
+
+/** Plans and (unless dry-run) performs the installation; returns what it did, in order. */
+export async function install(options: InstallOptions): Promise<Action[]> {
+  const l = layout(options.prefix);
+  const at = (p: string): string => join(options.root, p);
+  const actions: Action[] = [];
+  const act = async (what: string, path: string, fn: () => Promise<void>): Promise<void> => {
+    actions.push({ what, path });
+    if (!options.dryRun) await fn();
+  };
+
+  if (resolve(at(l.libDir)) !== PACKAGE_ROOT) {
+    await act('replace package', l.libDir, async () => {
+      await rm(at(l.libDir), { recursive: true, force: true });
+      await mkdir(at(l.libDir), { recursive: true, mode: 0o755 });
+      for (const part of PACKAGE_PARTS) {
+        const src = join(PACKAGE_ROOT, part);
+        if (await stat(src).catch(() => undefined)) await cp(src, join(at(l.libDir), part), { recursive: true, dereference: false });
+      }
+    });
+  }
+  await act('link CLI', l.binLink, async () => {
+    await mkdir(dirname(at(l.binLink)), { recursive: true });
+    await unlink(at(l.binLink)).catch(() => undefined);
+    await symlink(relative(dirname(l.binLink), join(l.libDir, 'dist', 'cli.js')), at(l.binLink));
+  });
+  for (const name of await unitFiles()) {
+    const text = await readFile(join(PACKAGE_ROOT, 'units', name), 'utf8');
+    await act('write unit', join(l.unitDir, name), async () => {
+      await mkdir(at(l.unitDir), { recursive: true });
+      await atomicWrite(at(join(l.unitDir, name)), renderUnit(text, l.libDir, options.node), { mode: 0o644 });
+    });
+  }
+  for (const [src, dest] of [
+    ['units/sysusers.d/agent-connectors.conf', l.sysusers],
+    ['units/tmpfiles.d/agent-connectors.conf', l.tmpfiles],
+  ] as const) {
+    const text = await readFile(join(PACKAGE_ROOT, src), 'utf8');
+    await act('write config', dest, async () => {
+      await mkdir(dirname(at(dest)), { recursive: true });
+      await atomicWrite(at(dest), text, { mode: 0o644 });
+    });
+  }
+  if (options.activate && options.root === '/') {
+    await act('create users and groups', 'systemd-sysusers', async () => void (await execa('systemd-sysusers', [l.sysusers])));
+    await act('create state directories', 'systemd-tmpfiles --create', async () => void (await execa('systemd-tmpfiles', ['--create', l.tmpfiles])));
+    await act('reload systemd', 'systemctl daemon-reload', async () => void (await execa('systemctl', ['daemon-reload']).catch(() => undefined)));
+  }
+  return actions;
+}
+
+export interface UninstallOptions {
+  prefix: string;
+  root: string;
+  dryRun: boolean;
+  /** Also delete /var/lib/agent-connectors (tokens, registry, catalog) and fetch's state. */
+  purge: boolean;
+}
+
+/** Reverses install. State stays unless `purge`: an upgrade is uninstall + install. */
+export async function uninstall(options: UninstallOptions): Promise<Action[]> {
+  const l = layout(options.prefix);
+  const at = (p: string): string => join(options.root, p);
+  const actions: Action[] = [];
+  const remove = async (what: string, path: string): Promise<void> => {
+    if (!(await lstat(at(path)).catch(() => undefined))) return;
+    actions.push({ what, path });
+    if (!options.dryRun) await rm(at(path), { recursive: true, force: true });
+  };
+  for (const name of await unitFiles()) await remove('remove unit', join(l.unitDir, name));
+  await remove('remove config', l.sysusers);
+  await remove('remove config', l.tmpfiles);
+  await remove('remove CLI link', l.binLink);
+  if (resolve(at(l.libDir)) !== PACKAGE_ROOT) await remove('remove package', l.libDir);
+  if (options.purge) {
+    await remove('purge state', '/var/lib/agent-connectors');
+    await remove('purge state', '/var/lib/private/agent-connectors-renew-fetch');
+    await remove('purge state', '/var/lib/agent-connectors-renew-fetch');
+  }
+  return actions;
+}
