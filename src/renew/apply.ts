@@ -52,7 +52,8 @@ async function moveAside(paths: HandoffPaths, name: string, ino: number, stamp: 
   const st = await lstat(from).catch(() => undefined);
   if (!st || st.ino !== ino) return;
   await mkdir(paths.rejected, { recursive: true });
-  await rename(from, join(paths.rejected, `${name}.${stamp}.rejected`));
+  // The inode makes the name unique: two rejections in one millisecond must not collide.
+  await rename(from, join(paths.rejected, `${name}.${stamp}.${ino}.rejected`));
 }
 
 /** One inbox file: validate → compare → token file(s) → slot file → remove. */
@@ -97,7 +98,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   const current = (await readSlotFile(paths, slot)) ?? emptySlotFile(slot);
 
   if ('revoked' in msg) {
-    await writeSlotFile(paths, { ...current, revoked: true });
+    await writeSlotFile(paths, { ...current, slot, revoked: true });
     await removeIfSame(path, ino);
     stats.applied += 1;
     log.warn({ slot }, 'slot marked revoked (the Gateway no longer knows it)');

@@ -104,5 +104,5 @@ export async function readSlotFile(paths: HandoffPaths, slot: string): Promise<S
   });
   if (text === undefined) return undefined;
   const parsed = parseJsonWith(slotFileSchema, text);
-  return parsed.ok ? parsed.value : undefined;
+  return parsed.ok && parsed.value.slot === slot ? parsed.value : undefined;
 }

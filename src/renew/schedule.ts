@@ -40,6 +40,13 @@ export function parseRetryAfter(value: string | string[] | undefined, now: numbe
   const v = Array.isArray(value) ? value[0] : value;
   if (!v) return undefined;
   if (/^\d+$/.test(v.trim())) return Number(v.trim()) * 1000;
+  // Only the HTTP-date forms of RFC 9110 (IMF-fixdate, RFC 850, asctime): V8's lenient
+  // Date.parse would read "retry 2099" as a date decades away.
+  const httpDate =
+    /^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d{2}:\d{2}:\d{2} GMT$/.test(v.trim()) ||
+    /^(Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), \d{2}-(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)-\d{2} \d{2}:\d{2}:\d{2} GMT$/.test(v.trim()) ||
+    /^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d{2}:\d{2}:\d{2} \d{4}$/.test(v.trim());
+  if (!httpDate) return undefined;
   const date = Date.parse(v);
   return Number.isNaN(date) ? undefined : Math.max(0, date - now);
 }

@@ -1,0 +1,541 @@
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  renameSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Writable } from 'node:stream';
+import { pino, type Logger } from 'pino';
+import t from 'tap';
+import { defaultTokenPath } from '../../src/config/state-dir.js';
+import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/renew/apply.js';
+import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
+import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
+import { readTokenFile } from '../../src/token/token-file.js';
+import type { RenewOk } from '../../src/renew/wire.js';
+
+interface LogRecord {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+function memoryLogger(): { log: Logger; records: LogRecord[]; lines: string[] } {
+  const records: LogRecord[] = [];
+  const lines: string[] = [];
+  const stream = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString('utf8').split('\n')) {
+        if (!line) continue;
+        lines.push(line);
+        records.push(JSON.parse(line) as LogRecord);
+      }
+      cb();
+    },
+  });
+  return { log: pino({ level: 'trace' }, stream), records, lines };
+}
+
+function tempDir(prefix: string): string {
+  const d = mkdtempSync(join(tmpdir(), prefix));
+  t.teardown(() => rmSync(d, { recursive: true, force: true }));
+  return d;
+}
+
+const SLOT = 'instance:inst-1';
+const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
+
+interface Env {
+  root: string;
+  p: HandoffPaths;
+  tokenFile: string;
+  deps: ApplyDeps;
+  records: LogRecord[];
+  lines: string[];
+  tokenCalls: string[];
+}
+
+function env(overrides: Partial<ApplyDeps> = {}): Env {
+  const root = tempDir('ac-apply-');
+  const p = handoffPaths(join(root, 'handoff'));
+  const tokenFile = join(root, 'state', 'mcp-forwarder', 'inst-1.token');
+  const { log, records, lines } = memoryLogger();
+  const tokenCalls: string[] = [];
+  const deps: ApplyDeps = {
+    paths: p,
+    log,
+    now: () => NOW,
+    tokenFilesFor: async (slot) => {
+      tokenCalls.push(slot);
+      return [tokenFile];
+    },
+    ...overrides,
+  };
+  return { root, p, tokenFile, deps, records, lines, tokenCalls };
+}
+
+function body(over: Partial<RenewOk> = {}): RenewOk {
+  return {
+    slot: SLOT,
+    tokenId: 'tok-1',
+    token: 'gw_token-one-SECRET',
+    expiresAt: '2030-01-01T13:00:00.000Z',
+    credentialGeneration: 1,
+    ...over,
+  };
+}
+
+/** Writes an inbox file the way fetch does: temp file, then rename into place. */
+function putInbox(p: HandoffPaths, name: string, content: string | Buffer): string {
+  mkdirSync(p.inbox, { recursive: true });
+  const tmp = join(p.inbox, `.${name}.tmp-${Math.random().toString(36).slice(2)}`);
+  writeFileSync(tmp, content, { mode: 0o640 });
+  const final = join(p.inbox, name);
+  renameSync(tmp, final);
+  return final;
+}
+
+function putBody(p: HandoffPaths, b: RenewOk | Record<string, unknown>, slot = SLOT): string {
+  return putInbox(p, `${slot}.json`, `${JSON.stringify(b)}\n`);
+}
+
+function modeOf(path: string): number {
+  return statSync(path).mode & 0o777;
+}
+
+function slotJson(p: HandoffPaths, slot = SLOT): unknown {
+  return JSON.parse(readFileSync(join(p.slots, `${slot}.json`), 'utf8')) as unknown;
+}
+
+function inboxNames(p: HandoffPaths): string[] {
+  return existsSync(p.inbox) ? readdirSync(p.inbox).sort() : [];
+}
+
+// ───────────────────────────── isNewer ─────────────────────────────
+
+t.test('isNewer: truth table', async (t) => {
+  const applied: SlotFile = { slot: SLOT, tokenId: 'tok-5', expiresAt: '2030-01-01T12:00:00.000Z', generation: 5 };
+  const cand = (tokenId: string, credentialGeneration: number, expiresAt: string): { tokenId: string; credentialGeneration: number; expiresAt: string } => ({
+    tokenId,
+    credentialGeneration,
+    expiresAt,
+  });
+  const later = '2030-01-01T13:00:00.000Z';
+  const earlier = '2030-01-01T11:00:00.000Z';
+  const same = '2030-01-01T12:00:00.000Z';
+  const rows: Array<[string, ReturnType<typeof cand>, SlotFile, boolean]> = [
+    ['same tokenId, higher generation, later expiry', cand('tok-5', 6, later), applied, false],
+    ['same tokenId, same everything (replay)', cand('tok-5', 5, same), applied, false],
+    ['new tokenId, higher generation, later expiry', cand('tok-6', 6, later), applied, true],
+    ['new tokenId, higher generation, EARLIER expiry', cand('tok-6', 6, earlier), applied, true],
+    ['new tokenId, lower generation, later expiry', cand('tok-4', 4, later), applied, false],
+    ['new tokenId, lower generation, earlier expiry', cand('tok-4', 4, earlier), applied, false],
+    ['new tokenId, same generation, later expiry', cand('tok-x', 5, later), applied, true],
+    ['new tokenId, same generation, same expiry', cand('tok-x', 5, same), applied, false],
+    ['new tokenId, same generation, earlier expiry', cand('tok-x', 5, earlier), applied, false],
+    ['same instant, other offset notation', cand('tok-x', 5, '2030-01-01T13:00:00+01:00'), applied, false],
+    ['later instant despite an "earlier" looking string', cand('tok-x', 5, '2030-01-01T12:30:00-01:00'), applied, true],
+    ['fresh slot (gen 0, no token), gen 1', cand('tok-1', 1, later), emptySlotFile(SLOT), true],
+    ['fresh slot (gen 0, no token), gen 0', cand('tok-1', 0, later), emptySlotFile(SLOT), true],
+  ];
+  for (const [what, c, a, want] of rows) t.equal(isNewer(c, a), want, what);
+});
+
+// ───────────────────────────── applying ─────────────────────────────
+
+t.test('applies a fresh inbox file: token file 0600, slot file 0640 with appliedAt, inbox emptied', async (t) => {
+  const e = env();
+  const b = body();
+  putBody(e.p, b);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 1, ignored: 0, rejected: 0 });
+  t.strictSame(e.tokenCalls, [SLOT]);
+  const read = readTokenFile(e.tokenFile);
+  t.strictSame(read, { ok: true, token: b.token }, 'the forwarder reads exactly the token');
+  t.match(readFileSync(e.tokenFile, 'utf8'), /^gw_token-one-SECRET\r?\n?$/, 'nothing but the token and one line ending');
+  t.equal(modeOf(e.tokenFile), 0o600, 'token file 0600');
+  t.equal(modeOf(join(e.p.slots, `${SLOT}.json`)), 0o640, 'slot file 0640');
+  t.strictSame(slotJson(e.p), {
+    slot: SLOT,
+    tokenId: 'tok-1',
+    expiresAt: '2030-01-01T13:00:00.000Z',
+    generation: 1,
+    appliedAt: new Date(NOW).toISOString(),
+  });
+  t.notMatch(readFileSync(join(e.p.slots, `${SLOT}.json`), 'utf8'), b.token, 'no secret in the slot file');
+  t.strictSame(inboxNames(e.p), [], 'inbox file removed');
+  t.notOk(existsSync(e.p.rejected) && readdirSync(e.p.rejected).length > 0, 'nothing rejected');
+  for (const line of e.lines) t.notMatch(line, 'SECRET', 'no token in the log');
+  t.ok(e.records.some((r) => r.msg === 'token applied'));
+});
+
+t.test('applying a newer token replaces the old one', async (t) => {
+  const e = env();
+  putBody(e.p, body());
+  await applyInbox(e.deps);
+  putBody(e.p, body({ tokenId: 'tok-2', token: 'gw_token-two', credentialGeneration: 2, expiresAt: '2030-01-01T14:00:00.000Z' }));
+  t.strictSame(await applyInbox({ ...e.deps, now: () => NOW + 1000 }), { applied: 1, ignored: 0, rejected: 0 });
+  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: 'gw_token-two' });
+  t.match(slotJson(e.p), { tokenId: 'tok-2', generation: 2, appliedAt: new Date(NOW + 1000).toISOString() });
+  t.equal(modeOf(e.tokenFile), 0o600);
+});
+
+t.test('a replay is a no-op: token file, slot file untouched; inbox file removed', async (t) => {
+  const e = env();
+  const b = body();
+  putBody(e.p, b);
+  await applyInbox(e.deps);
+  const tokenIno = statSync(e.tokenFile).ino;
+  const slotText = readFileSync(join(e.p.slots, `${SLOT}.json`), 'utf8');
+  const slotIno = statSync(join(e.p.slots, `${SLOT}.json`)).ino;
+  e.tokenCalls.length = 0;
+
+  putBody(e.p, b);
+  const stats = await applyInbox({ ...e.deps, now: () => NOW + 60_000 });
+  t.strictSame(stats, { applied: 0, ignored: 1, rejected: 0 });
+  t.equal(statSync(e.tokenFile).ino, tokenIno, 'token file not rewritten');
+  t.equal(readFileSync(join(e.p.slots, `${SLOT}.json`), 'utf8'), slotText, 'slot file identical (appliedAt not bumped)');
+  t.equal(statSync(join(e.p.slots, `${SLOT}.json`)).ino, slotIno, 'slot file not rewritten');
+  t.strictSame(e.tokenCalls, [], 'token targets not even looked up');
+  t.strictSame(inboxNames(e.p), [], 'the replayed file is consumed');
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 0 }, 'an empty inbox does nothing');
+});
+
+t.test('an older token never overwrites a newer one', async (t) => {
+  const e = env();
+  putBody(e.p, body({ tokenId: 'tok-3', token: 'gw_three', credentialGeneration: 3, expiresAt: '2030-01-01T15:00:00.000Z' }));
+  await applyInbox(e.deps);
+  const slotText = readFileSync(join(e.p.slots, `${SLOT}.json`), 'utf8');
+
+  const older = [
+    body({ tokenId: 'tok-2', token: 'gw_two', credentialGeneration: 2, expiresAt: '2030-01-01T16:00:00.000Z' }),
+    body({ tokenId: 'tok-3b', token: 'gw_three-b', credentialGeneration: 3, expiresAt: '2030-01-01T14:00:00.000Z' }),
+    body({ tokenId: 'tok-3c', token: 'gw_three-c', credentialGeneration: 3, expiresAt: '2030-01-01T15:00:00.000Z' }),
+    body({ tokenId: 'tok-0', token: 'gw_zero', credentialGeneration: 0, expiresAt: '2031-01-01T00:00:00.000Z' }),
+  ];
+  for (const o of older) {
+    putBody(e.p, o);
+    t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 1, rejected: 0 }, o.tokenId);
+    t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: 'gw_three' }, `${o.tokenId}: token file keeps the newer token`);
+    t.equal(readFileSync(join(e.p.slots, `${SLOT}.json`), 'utf8'), slotText, `${o.tokenId}: slot file unchanged`);
+    t.strictSame(inboxNames(e.p), [], `${o.tokenId}: consumed`);
+  }
+  putBody(e.p, body({ tokenId: 'tok-3d', token: 'gw_three-d', credentialGeneration: 3, expiresAt: '2030-01-01T15:00:01.000Z' }));
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'same generation, later expiry: applied');
+  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: 'gw_three-d' });
+});
+
+t.test('invalid inbox files are moved to rejected/ byte for byte, never applied, reasons logged without content', async (t) => {
+  const e = env();
+  const b = body({ token: 'gw_SECRET-in-a-bad-file' });
+  const files: Record<string, Buffer> = {
+    [`${SLOT}.json`]: Buffer.from(`${JSON.stringify(b).slice(0, 40)}`), // torn
+    'instance:extra.json': Buffer.from(JSON.stringify({ ...b, slot: 'instance:extra', extra: 'x' })),
+    'instance:other.json': Buffer.from(JSON.stringify(b)), // slot field ≠ file name
+    'instance:badtok.json': Buffer.from(JSON.stringify({ ...b, slot: 'instance:badtok', token: 'gw_SECRET with space' })),
+    'instance:empty.json': Buffer.alloc(0),
+    'instance:bin.json': Buffer.from([0x7b, 0x00, 0xff, 0xfe, 0x0a]),
+    'not-a-slot.json': Buffer.from(JSON.stringify(b)),
+    'notes.txt': Buffer.from('gw_SECRET notes'),
+  };
+  for (const [name, content] of Object.entries(files)) putInbox(e.p, name, content);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 0, ignored: 0, rejected: Object.keys(files).length });
+  t.strictSame(inboxNames(e.p), [], 'nothing left in the inbox');
+  t.notOk(existsSync(e.tokenFile), 'no token file written');
+  t.notOk(existsSync(join(e.p.slots, `${SLOT}.json`)), 'no slot file written');
+  t.strictSame(e.tokenCalls, []);
+  const rejected = readdirSync(e.p.rejected);
+  t.equal(rejected.length, Object.keys(files).length, 'every file kept aside');
+  for (const [name, content] of Object.entries(files)) {
+    const kept = rejected.filter((r) => r.startsWith(`${name}.`) && r.endsWith('.rejected'));
+    t.equal(kept.length, 1, `${name}: kept once`);
+    const keptName = kept[0];
+    if (keptName === undefined) continue;
+    t.ok(readFileSync(join(e.p.rejected, keptName)).equals(content), `${name}: identical bytes`);
+  }
+  const errors = e.records.filter((r) => r.level === 50);
+  t.equal(errors.length, Object.keys(files).length, 'one error line per rejected file');
+  for (const r of errors) t.ok(typeof r.reason === 'string' && r.reason.length > 0, `${String(r.file)}: a reason (${String(r.reason)})`);
+  for (const line of e.lines) t.notMatch(line, 'SECRET', 'no file content in the log');
+});
+
+t.test('two invalid files for one slot rejected at the same instant are both kept', async (t) => {
+  // The clock is injected and fixed, as two runs within one millisecond would see it.
+  const e = env();
+  putInbox(e.p, `${SLOT}.json`, 'first bad file');
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 1 });
+  putInbox(e.p, `${SLOT}.json`, 'second bad file');
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 1 });
+  const kept = readdirSync(e.p.rejected).map((n) => readFileSync(join(e.p.rejected, n), 'utf8')).sort();
+  t.strictSame(kept, ['first bad file', 'second bad file'], 'never lost: the second does not overwrite the first');
+});
+
+t.test('a rejected file does not stop the valid ones', async (t) => {
+  const e = env();
+  putInbox(e.p, 'instance:aaa.json', '{not json');
+  putBody(e.p, body());
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 1 });
+  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: body().token });
+});
+
+t.test('a writer\'s temp dotfile in the inbox is left alone', async (t) => {
+  const e = env();
+  mkdirSync(e.p.inbox, { recursive: true });
+  const tmp = join(e.p.inbox, `.${SLOT}.json.tmp-123`);
+  writeFileSync(tmp, '{"slot":"instance:inst-1","tok');
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 0 });
+  t.equal(readFileSync(tmp, 'utf8'), '{"slot":"instance:inst-1","tok', 'still there, untouched');
+});
+
+t.test('a symlinked inbox file is rejected, its target is not read or moved', async (t) => {
+  const e = env();
+  const outside = join(e.root, 'outside.json');
+  writeFileSync(outside, JSON.stringify(body()));
+  mkdirSync(e.p.inbox, { recursive: true });
+  symlinkSync(outside, join(e.p.inbox, `${SLOT}.json`));
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.applied, 0);
+  t.equal(stats.rejected, 1);
+  t.notOk(existsSync(e.tokenFile), 'not applied through the link');
+  t.equal(readFileSync(outside, 'utf8'), JSON.stringify(body()), 'target untouched');
+});
+
+t.test('a revocation notice marks the slot revoked, keeps the token file', async (t) => {
+  const e = env();
+  putBody(e.p, body());
+  await applyInbox(e.deps);
+  e.tokenCalls.length = 0;
+  putBody(e.p, { slot: SLOT, revoked: true, at: '2030-01-01T12:30:00.000Z' });
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.rejected, 0);
+  t.equal(stats.applied + stats.ignored, 1, 'handled');
+  const slot = await readSlotFile(e.p, SLOT);
+  t.equal(slot?.revoked, true, 'slot marked revoked');
+  t.match(slot, { slot: SLOT, tokenId: 'tok-1', generation: 1 }, 'what was applied is still recorded');
+  t.equal(modeOf(join(e.p.slots, `${SLOT}.json`)), 0o640);
+  t.strictSame(inboxNames(e.p), []);
+  t.strictSame(e.tokenCalls, [], 'no token file touched');
+  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: body().token });
+  t.ok(e.records.some((r) => r.level === 40 && r.slot === SLOT), 'a warning names the slot');
+});
+
+t.test('a revocation notice for a slot with no slot file yet creates it revoked', async (t) => {
+  const e = env();
+  putBody(e.p, { slot: 'cli:notion', revoked: true, at: '2030-01-01T12:30:00.000Z' }, 'cli:notion');
+  await applyInbox(e.deps);
+  t.match(await readSlotFile(e.p, 'cli:notion'), { slot: 'cli:notion', tokenId: null, revoked: true });
+});
+
+t.test('a slot file whose slot field names another slot never makes apply write that other slot', async (t) => {
+  const e = env();
+  mkdirSync(e.p.slots, { recursive: true });
+  // A hand-edited or misplaced slots/instance:inst-1.json that claims to be instance:other.
+  writeFileSync(join(e.p.slots, `${SLOT}.json`), JSON.stringify(emptySlotFile('instance:other')));
+  putBody(e.p, { slot: SLOT, revoked: true, at: '2030-01-01T12:30:00.000Z' });
+  await applyInbox(e.deps);
+  t.notOk(existsSync(join(e.p.slots, 'instance:other.json')), 'instance:other was never revoked: no file written for it');
+});
+
+t.test('an inbox file replaced by a newer one while being applied is not deleted', async (t) => {
+  const e = env();
+  const first = body();
+  const newer = body({ tokenId: 'tok-2', token: 'gw_token-two', credentialGeneration: 2, expiresAt: '2030-01-01T14:00:00.000Z' });
+  let swapped = 0;
+  const deps: ApplyDeps = {
+    ...e.deps,
+    // fetch renames a newer answer into place while apply is between reading and removing.
+    tokenFilesFor: async (slot) => {
+      if (swapped === 0) {
+        putBody(e.p, newer);
+        swapped += 1;
+      }
+      return [e.tokenFile];
+    },
+  };
+  putBody(e.p, first);
+  const path = join(e.p.inbox, `${SLOT}.json`);
+  const inoBefore = statSync(path).ino;
+  const stats = await applyInbox(deps);
+  t.equal(swapped, 1, 'the newer file arrived mid-apply');
+  t.equal(stats.rejected + stats.ignored, 0);
+  if (stats.applied === 1) {
+    // This run applied what it read and left the newer file for the next run.
+    t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: first.token }, 'the file read was applied');
+    t.ok(existsSync(path), 'the newer inbox file survived');
+    t.not(statSync(path).ino, inoBefore, 'it is the new inode');
+    t.strictSame(JSON.parse(readFileSync(path, 'utf8')) as unknown, newer, 'with the newer content');
+  } else {
+    // Or it noticed the newer file in the same run and applied it too.
+    t.equal(stats.applied, 2, 'both applied in one run');
+  }
+  await applyInbox(deps);
+  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: newer.token }, 'in the end the newer token is applied');
+  t.match(slotJson(e.p), { tokenId: 'tok-2', generation: 2 });
+  t.strictSame(inboxNames(e.p), []);
+});
+
+t.test('a token file path that is a symlink is not followed; the inbox file stays for the next run', async (t) => {
+  const e = env();
+  const victim = join(e.root, 'victim');
+  writeFileSync(victim, 'do not overwrite');
+  mkdirSync(join(e.root, 'state', 'mcp-forwarder'), { recursive: true });
+  symlinkSync(victim, e.tokenFile);
+  putBody(e.p, body());
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.applied, 0);
+  t.equal(readFileSync(victim, 'utf8'), 'do not overwrite');
+  t.strictSame(inboxNames(e.p), [`${SLOT}.json`], 'not lost');
+  t.notOk(existsSync(join(e.p.slots, `${SLOT}.json`)), 'slot file not advanced');
+});
+
+t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
+  const e = env();
+  const s: SlotFile = { slot: 'cli:x', tokenId: 't', expiresAt: '2030-01-01T00:00:00.000Z', generation: 4 };
+  await writeSlotFile(e.p, s);
+  t.equal(modeOf(join(e.p.slots, 'cli:x.json')), 0o640);
+  t.strictSame(await readSlotFile(e.p, 'cli:x'), s);
+});
+
+// ───────────────────────────── token targets ─────────────────────────────
+
+function targets(): TargetConfig & { root: string } {
+  const root = tempDir('ac-targets-');
+  return {
+    root,
+    stateDir: join(root, 'state'),
+    instancesPath: join(root, 'state', 'mcp-forwarder', 'instances.json'),
+    providersPath: join(root, 'state', 'cli-proxy', 'providers.json'),
+  };
+}
+
+function writeInstances(c: TargetConfig, content: unknown): void {
+  mkdirSync(join(c.stateDir, 'mcp-forwarder'), { recursive: true });
+  writeFileSync(c.instancesPath, JSON.stringify(content, null, 2), { mode: 0o600 });
+}
+
+function writeProviders(c: TargetConfig, content: string): void {
+  mkdirSync(join(c.stateDir, 'cli-proxy'), { recursive: true });
+  writeFileSync(c.providersPath, content, { mode: 0o600 });
+}
+
+const binding = (instanceId: string, tokenFile: string): { instanceId: string; upstreamUrl: string; tokenFile: string } => ({
+  instanceId,
+  upstreamUrl: 'https://gw.example/mcp',
+  tokenFile,
+});
+
+t.test('tokenFilesFor instance slots: no binding → the §2 default path', async (t) => {
+  const c = targets();
+  const want = [join(c.stateDir, 'mcp-forwarder', 'inst-1.token')];
+  t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'no instances.json');
+  t.strictSame(want, [defaultTokenPath(c.stateDir, 'inst-1')]);
+  writeInstances(c, { bindingAAAAAAAA: binding('other', '/srv/other.token') });
+  t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'only other instances bound');
+});
+
+t.test('tokenFilesFor instance slots: one binding → its tokenFile', async (t) => {
+  const c = targets();
+  writeInstances(c, {
+    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/one.token'),
+    bindingBBBBBBBB: binding('other', '/srv/tokens/other.token'),
+  });
+  t.strictSame(await tokenFilesFor('instance:inst-1', c), ['/srv/tokens/one.token']);
+});
+
+t.test('tokenFilesFor instance slots: two bindings → both distinct files, or one when shared', async (t) => {
+  const c = targets();
+  writeInstances(c, {
+    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/a.token'),
+    bindingBBBBBBBB: binding('inst-1', '/srv/tokens/b.token'),
+  });
+  t.strictSame((await tokenFilesFor('instance:inst-1', c)).sort(), ['/srv/tokens/a.token', '/srv/tokens/b.token']);
+  writeInstances(c, {
+    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/a.token'),
+    bindingBBBBBBBB: binding('inst-1', '/srv/tokens/a.token'),
+  });
+  t.strictSame(await tokenFilesFor('instance:inst-1', c), ['/srv/tokens/a.token'], 'shared file listed once');
+});
+
+t.test('tokenFilesFor instance slots: an invalid instances.json throws', async (t) => {
+  const c = targets();
+  mkdirSync(join(c.stateDir, 'mcp-forwarder'), { recursive: true });
+  writeFileSync(c.instancesPath, '{"bindingAAAAAAAA": {"instanceId": "inst-1", "tokenFile": "relative"}}');
+  await t.rejects(tokenFilesFor('instance:inst-1', c));
+});
+
+t.test('tokenFilesFor cli slots: without providers.json → <state>/cli-proxy/<provider>.token', async (t) => {
+  const c = targets();
+  t.strictSame(await tokenFilesFor('cli:notion', c), [join(c.stateDir, 'cli-proxy', 'notion.token')]);
+});
+
+t.test('tokenFilesFor cli slots: with providers.json → the catalog tokenFile, else the default', async (t) => {
+  const c = targets();
+  writeProviders(
+    c,
+    JSON.stringify({
+      notion: {
+        upstream: 'https://api.notion.com',
+        tokenFile: '/srv/cli/notion.token',
+        inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' },
+        commands: [{ name: 'ntn', env: { NOTION_TOKEN: '{placeholder}' } }],
+      },
+    }),
+  );
+  t.strictSame(await tokenFilesFor('cli:notion', c), ['/srv/cli/notion.token']);
+  t.strictSame(await tokenFilesFor('cli:github', c), [join(c.stateDir, 'cli-proxy', 'github.token')], 'provider not in the catalog');
+});
+
+t.test('tokenFilesFor cli slots: an invalid providers.json throws', async (t) => {
+  const c = targets();
+  for (const bad of ['{not json', '[]', '"x"', JSON.stringify({ notion: { tokenFile: 'relative/path' } }), JSON.stringify({ notion: { tokenFile: 42 } }), JSON.stringify({ notion: 'x' })]) {
+    writeProviders(c, bad);
+    await t.rejects(tokenFilesFor('cli:notion', c), bad);
+  }
+});
+
+t.test('tokenFilesFor: an invalid slot id throws', async (t) => {
+  const c = targets();
+  for (const s of ['inst-1', 'instance:', 'instance:a/b', 'other:x']) await t.rejects(tokenFilesFor(s, c), s);
+});
+
+t.test('applyInbox with real token targets: one token written to every bound file', async (t) => {
+  const c = targets();
+  const a = join(c.root, 'tokens', 'a.token');
+  const b = join(c.root, 'tokens', 'b.token');
+  writeInstances(c, { bindingAAAAAAAA: binding('inst-1', a), bindingBBBBBBBB: binding('inst-1', b) });
+  const e = env({ tokenFilesFor: (slot) => tokenFilesFor(slot, c) });
+  putBody(e.p, body());
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 });
+  for (const f of [a, b]) {
+    t.strictSame(readTokenFile(f), { ok: true, token: body().token }, f);
+    t.equal(modeOf(f), 0o600);
+  }
+});
+
+t.test('applyInbox with an invalid providers.json: the cli token is neither applied nor lost', async (t) => {
+  const c = targets();
+  writeProviders(c, '{not json');
+  const e = env({ tokenFilesFor: (slot) => tokenFilesFor(slot, c) });
+  const cliBody = body({ slot: 'cli:notion' });
+  putBody(e.p, cliBody, 'cli:notion');
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.applied, 0);
+  t.equal(stats.rejected, 0, 'a valid inbox file is not rejected for a catalog problem');
+  t.strictSame(inboxNames(e.p), ['cli:notion.json'], 'left in place for the next run');
+  t.notOk(existsSync(join(e.p.slots, 'cli:notion.json')), 'slot file not advanced');
+  t.ok(e.records.some((r) => r.level === 50), 'the failure is logged');
+  for (const line of e.lines) t.notMatch(line, cliBody.token);
+
+  writeProviders(c, JSON.stringify({ notion: { tokenFile: join(c.root, 'cli', 'notion.token') } }));
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'applied once the catalog is fixed');
+  t.strictSame(readTokenFile(join(c.root, 'cli', 'notion.token')), { ok: true, token: cliBody.token });
+});

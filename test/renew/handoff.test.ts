@@ -1,0 +1,199 @@
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import {
+  emptySlotFile,
+  handoffPaths,
+  inboxFileSchema,
+  readSlotFile,
+  readSlots,
+  slotFileName,
+  slotFileSchema,
+  slotOfFileName,
+  type HandoffPaths,
+} from '../../src/renew/handoff.js';
+
+function handoff(): HandoffPaths {
+  const d = mkdtempSync(join(tmpdir(), 'ac-handoff-'));
+  t.teardown(() => rmSync(d, { recursive: true, force: true }));
+  return handoffPaths(d);
+}
+
+const OK_BODY = {
+  slot: 'instance:inst-1',
+  tokenId: 'tok_01',
+  token: 'gw_secret-token-value',
+  expiresAt: '2030-01-01T12:00:00.000Z',
+  credentialGeneration: 3,
+};
+
+t.test('handoffPaths: slots, inbox and rejected under the root', async (t) => {
+  t.strictSame(handoffPaths('/h'), { root: '/h', slots: '/h/slots', inbox: '/h/inbox', rejected: '/h/rejected' });
+});
+
+t.test('slotFileName / slotOfFileName: the colon is kept as is', async (t) => {
+  t.equal(slotFileName('instance:inst-1'), 'instance:inst-1.json');
+  t.equal(slotFileName('cli:notion'), 'cli:notion.json');
+  t.equal(slotOfFileName('instance:inst-1.json'), 'instance:inst-1');
+  t.equal(slotOfFileName('cli:notion.json'), 'cli:notion');
+  t.equal(slotOfFileName('cli:a.b.json'), 'cli:a.b', 'dots in the id are fine');
+  t.equal(slotOfFileName(`instance:${'a'.repeat(128)}.json`), `instance:${'a'.repeat(128)}`);
+  for (const slot of ['instance:x', 'cli:y_z-1', 'instance:A.B']) t.equal(slotOfFileName(slotFileName(slot)), slot, `round trip ${slot}`);
+});
+
+t.test('slotOfFileName: temp dotfiles, non-json and invalid slot ids → undefined', async (t) => {
+  for (const name of [
+    '.instance:inst-1.json', // a writer's temp file
+    '.instance:inst-1.json.tmp-1234',
+    '.cli:notion.json.1a2b3c',
+    'instance:inst-1.json.tmp',
+    'instance:inst-1',
+    'instance:inst-1.JSON',
+    'instance:inst-1.json~',
+    'instance:inst-1.json.12345.rejected',
+    '.json',
+    'inst-1.json', // no kind
+    'forwarder:inst-1.json', // unknown kind
+    'instance:.json', // empty id
+    'instance-inst-1.json', // no colon
+    'instance%3Ainst-1.json', // encoded colon is not how we name files
+    'instance:in st.json',
+    'instance:a:b.json',
+    `instance:${'a'.repeat(129)}.json`,
+    '',
+  ]) {
+    t.equal(slotOfFileName(name), undefined, JSON.stringify(name));
+  }
+});
+
+t.test('inboxFileSchema: a 200 body', async (t) => {
+  const r = inboxFileSchema.safeParse(OK_BODY);
+  t.ok(r.success);
+  t.strictSame(r.data, OK_BODY);
+});
+
+t.test('inboxFileSchema: a revocation notice', async (t) => {
+  const notice = { slot: 'cli:notion', revoked: true, at: '2030-01-01T12:00:00Z' };
+  const r = inboxFileSchema.safeParse(notice);
+  t.ok(r.success);
+  t.strictSame(r.data, notice);
+  t.notOk(inboxFileSchema.safeParse({ ...notice, revoked: false }).success, 'revoked must be true');
+  t.notOk(inboxFileSchema.safeParse({ slot: 'cli:notion', revoked: true }).success, 'at is required');
+  t.notOk(inboxFileSchema.safeParse({ ...notice, at: 'yesterday' }).success, 'at is RFC 3339');
+  t.notOk(inboxFileSchema.safeParse({ ...notice, slot: 'notion' }).success, 'slot is a slot id');
+});
+
+t.test('inboxFileSchema: rejects extra keys (strict, unlike the wire answer)', async (t) => {
+  t.notOk(inboxFileSchema.safeParse({ ...OK_BODY, extra: 1 }).success, '200 body + extra key');
+  t.notOk(inboxFileSchema.safeParse({ slot: 'cli:notion', revoked: true, at: '2030-01-01T12:00:00Z', token: 'x' }).success, 'notice + extra key');
+  t.notOk(inboxFileSchema.safeParse({ ...OK_BODY, revoked: true, at: '2030-01-01T12:00:00Z' }).success, 'a mix of both');
+});
+
+t.test('inboxFileSchema: rejects bad tokens and bad fields', async (t) => {
+  const bad: Array<[string, Record<string, unknown>]> = [
+    ['empty token', { token: '' }],
+    ['token with a space', { token: 'abc def' }],
+    ['token with a newline', { token: 'abc\ndef' }],
+    ['token with CR', { token: 'abc\r' }],
+    ['token with a tab', { token: '\tabc' }],
+    ['non-ASCII token', { token: 'abcé' }],
+    ['token over 16 KiB', { token: 'a'.repeat(16 * 1024 + 1) }],
+    ['token not a string', { token: 42 }],
+    ['tokenId with a space', { tokenId: 'a b' }],
+    ['empty tokenId', { tokenId: '' }],
+    ['negative generation', { credentialGeneration: -1 }],
+    ['fractional generation', { credentialGeneration: 1.5 }],
+    ['generation as string', { credentialGeneration: '3' }],
+    ['local time', { expiresAt: '2030-01-01T12:00:00' }],
+    ['not a date', { expiresAt: 'tomorrow' }],
+    ['bad slot', { slot: 'instance:a/b' }],
+  ];
+  for (const [what, patch] of bad) t.notOk(inboxFileSchema.safeParse({ ...OK_BODY, ...patch }).success, what);
+  t.ok(inboxFileSchema.safeParse({ ...OK_BODY, token: 'a'.repeat(16 * 1024) }).success, 'exactly 16 KiB is fine');
+  for (const key of Object.keys(OK_BODY)) {
+    const partial: Record<string, unknown> = { ...OK_BODY };
+    delete partial[key];
+    t.notOk(inboxFileSchema.safeParse(partial).success, `missing ${key}`);
+  }
+});
+
+t.test('slotFileSchema: null token for a fresh slot, our extensions optional', async (t) => {
+  t.ok(slotFileSchema.safeParse(emptySlotFile('instance:a')).success);
+  t.strictSame(emptySlotFile('cli:x'), { slot: 'cli:x', tokenId: null, expiresAt: null, generation: 0 });
+  t.ok(slotFileSchema.safeParse({ slot: 'cli:x', tokenId: 't', expiresAt: '2030-01-01T00:00:00Z', generation: 1, appliedAt: '2030-01-01T00:00:00Z', revoked: true }).success);
+  t.notOk(slotFileSchema.safeParse({ ...emptySlotFile('cli:x'), token: 'secret' }).success, 'a slot file never carries a token');
+});
+
+t.test('readSlots: no slots directory → nothing, no error', async (t) => {
+  const p = handoff();
+  t.strictSame(await readSlots(p), { slots: [], errors: [] });
+});
+
+t.test('readSlots: reads valid slot files, sorted, and ignores non-slot names silently', async (t) => {
+  const p = handoff();
+  mkdirSync(p.slots, { recursive: true });
+  const a = { slot: 'instance:a', tokenId: 'tok-a', expiresAt: '2030-01-01T00:00:00.000Z', generation: 2, appliedAt: '2029-12-31T23:00:00.000Z' };
+  const b = emptySlotFile('cli:notion');
+  writeFileSync(join(p.slots, 'instance:a.json'), JSON.stringify(a));
+  writeFileSync(join(p.slots, 'cli:notion.json'), `${JSON.stringify(b)}\n`);
+  writeFileSync(join(p.slots, '.instance:b.json.tmp-99'), 'half a fi');
+  writeFileSync(join(p.slots, 'README'), 'not a slot');
+  writeFileSync(join(p.slots, 'notaslot.json'), '{}');
+  mkdirSync(join(p.slots, 'instance:dir.json'));
+  const r = await readSlots(p);
+  t.strictSame(r.slots, [b, a], 'both slots, in file name order');
+  t.strictSame(r.errors, [], 'temp files, junk names and a directory are not errors');
+});
+
+t.test('readSlots: invalid files are skipped and reported without their content', async (t) => {
+  const p = handoff();
+  mkdirSync(p.slots, { recursive: true });
+  const SECRET = 'SECRET-a1b2c3d4e5';
+  const good = emptySlotFile('instance:good');
+  writeFileSync(join(p.slots, 'instance:good.json'), JSON.stringify(good));
+  writeFileSync(join(p.slots, 'instance:json.json'), `{"slot":"instance:json","tokenId":"${SECRET}`);
+  writeFileSync(join(p.slots, 'instance:extra.json'), JSON.stringify({ ...emptySlotFile('instance:extra'), [SECRET]: SECRET }));
+  writeFileSync(join(p.slots, 'instance:tok.json'), JSON.stringify({ ...emptySlotFile('instance:tok'), tokenId: `${SECRET} x` }));
+  writeFileSync(join(p.slots, 'instance:gen.json'), JSON.stringify({ ...emptySlotFile('instance:gen'), generation: SECRET }));
+  writeFileSync(join(p.slots, 'instance:empty.json'), '');
+  const r = await readSlots(p);
+  t.strictSame(r.slots, [good], 'only the valid slot is returned');
+  t.strictSame(
+    r.errors.map((e) => e.file),
+    ['instance:empty.json', 'instance:extra.json', 'instance:gen.json', 'instance:json.json', 'instance:tok.json'],
+    'every invalid file is reported by name',
+  );
+  for (const e of r.errors) {
+    t.type(e.error, 'string');
+    t.ok(e.error.length > 0, `${e.file}: has a reason`);
+    t.notMatch(e.error, SECRET, `${e.file}: the reason does not quote the content (${e.error})`);
+    t.notMatch(e.error, 'a1b2c3', `${e.file}: not even a fragment of it`);
+  }
+  t.equal(r.errors.find((e) => e.file === 'instance:json.json')?.error, 'invalid JSON');
+});
+
+t.test('readSlots: a slot field that does not match the file name is reported', async (t) => {
+  const p = handoff();
+  mkdirSync(p.slots, { recursive: true });
+  writeFileSync(join(p.slots, 'instance:a.json'), JSON.stringify(emptySlotFile('instance:b')));
+  writeFileSync(join(p.slots, 'cli:x.json'), JSON.stringify(emptySlotFile('instance:x')));
+  const r = await readSlots(p);
+  t.strictSame(r.slots, []);
+  t.strictSame(r.errors, [
+    { file: 'cli:x.json', error: 'slot field does not match the file name' },
+    { file: 'instance:a.json', error: 'slot field does not match the file name' },
+  ]);
+});
+
+t.test('readSlotFile: the slot, or undefined when missing or invalid', async (t) => {
+  const p = handoff();
+  t.equal(await readSlotFile(p, 'instance:a'), undefined, 'no directory');
+  mkdirSync(p.slots, { recursive: true });
+  t.equal(await readSlotFile(p, 'instance:a'), undefined, 'no file');
+  const a = { slot: 'instance:a', tokenId: 'tok', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 };
+  writeFileSync(join(p.slots, 'instance:a.json'), JSON.stringify(a));
+  t.strictSame(await readSlotFile(p, 'instance:a'), a);
+  writeFileSync(join(p.slots, 'instance:b.json'), '{"slot":');
+  t.equal(await readSlotFile(p, 'instance:b'), undefined, 'invalid JSON');
+});
