@@ -12,6 +12,7 @@ export const errorTable = {
   payload_too_large: { status: 413, message: 'The request body exceeds the configured limit.' },
   forbidden_host: { status: 403, message: 'The Host header must name this loopback listener.' },
   forbidden_origin: { status: 403, message: 'Requests from a non-loopback Origin are refused.' },
+  forbidden_peer: { status: 403, message: 'This local user is not allowed to use this service.' },
   token_unavailable: { status: 503, message: 'No valid token is available for this binding; renewal may not have run yet.' },
   token_rejected: { status: 503, message: 'The upstream rejected the current token; renewal may be failing.' },
   upstream_unreachable: { status: 502, message: 'The upstream could not be reached.' },

@@ -14,6 +14,7 @@ export interface CliProxyConfig {
   bodyLimit: number;
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
+  allowedUids?: ReadonlySet<number> | undefined;
 }
 
 function statusLine(catalog: HotFile<Catalog>): string {
@@ -36,5 +37,6 @@ export function createCliProxyService(deps: { config: CliProxyConfig; log: Logge
     log: deps.log,
     notifier: deps.notifier,
     onListening: deps.onListening,
+    allowedUids: config.allowedUids,
   });
 }

@@ -15,7 +15,7 @@ import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { readFile } from 'node:fs/promises';
 import { AGENTS, type AgentName } from './mcp-add.js';
-import { logLevel, parseOption, positiveInt } from './options.js';
+import { logLevel, parseAllowedUids, parseOption, positiveInt } from './options.js';
 
 export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
 export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
@@ -59,6 +59,7 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
     .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_CLI_BODY_LIMIT))
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
+    .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
     .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
     .action(async (opts: Record<string, string | undefined>) => {
       const listen = parseListen(opts.listen ?? DEFAULT_CLI_PROXY_LISTEN);
@@ -71,6 +72,7 @@ export function registerCliProxyCommands(program: Command): void {
           bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
           upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
           shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
+          allowedUids: parseAllowedUids(opts.allowedUids),
         },
         log,
         notifier: createNotifier({ log }),

@@ -18,7 +18,7 @@ import { bindingIdSchema, bindingSchema, type Binding } from '../registry/schema
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
-import { logLevel, parseOption, positiveInt } from './options.js';
+import { logLevel, parseAllowedUids, parseOption, positiveInt } from './options.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
 
@@ -48,6 +48,7 @@ export function registerForwarderCommands(program: Command): void {
     .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
     .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_BODY_LIMIT))
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
+    .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
     .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
     .action(async (opts: Record<string, string>) => {
       const listen = parseListen(opts.listen ?? DEFAULT_FORWARDER_LISTEN);
@@ -62,6 +63,7 @@ export function registerForwarderCommands(program: Command): void {
             headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms'),
           },
           shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
+          allowedUids: parseAllowedUids(opts.allowedUids),
         },
         log,
         notifier: createNotifier({ log }),

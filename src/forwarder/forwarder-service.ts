@@ -14,6 +14,7 @@ export interface ForwarderConfig {
   bodyLimit: number;
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
+  allowedUids?: ReadonlySet<number> | undefined;
 }
 
 export interface ForwarderDepsIn {
@@ -44,5 +45,6 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     log: deps.log,
     notifier: deps.notifier,
     onListening: deps.onListening,
+    allowedUids: config.allowedUids,
   });
 }

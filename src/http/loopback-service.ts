@@ -1,6 +1,8 @@
 import { mkdir } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import { peerUid } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
 import type { Logger } from '../log/logger.js';
@@ -25,6 +27,8 @@ export interface LoopbackServiceSpec<T> {
   log: Logger;
   notifier: Notifier;
   onListening?: (port: number) => void;
+  /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
+  allowedUids?: ReadonlySet<number> | undefined;
 }
 
 /**
@@ -56,9 +60,22 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
       const inflight = new InFlight();
       let stopping = false;
       let port = spec.listen.port;
+      const allowed = new WeakMap<Socket, boolean>();
+      const peerAllowed = spec.allowedUids
+        ? (req: IncomingMessage): boolean => allowed.get(req.socket) === true
+        : undefined;
       const server = createLoopbackServer(
-        spec.handler({ config, agent, log, inflight, port: () => port, stopping: () => stopping }),
+        spec.handler({ config, agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
       );
+      if (spec.allowedUids) {
+        const uids = spec.allowedUids;
+        // Once per connection, not per request: keep-alive requests pay nothing.
+        server.on('connection', (socket: Socket) => {
+          const uid = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0);
+          allowed.set(socket, uid !== undefined && uids.has(uid));
+          if (uid === undefined || !uids.has(uid)) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+        });
+      }
       // Node's own clientError handling answers 400/408/431 without detail; keep it.
       const bound = await listen(server, spec.listen);
       port = bound.port;

@@ -31,6 +31,8 @@ export interface PipelineDeps {
   /** The port actually bound (known only after listen when --listen used port 0). */
   port: () => number;
   stopping: () => boolean;
+  /** With `allowedUids` set: whether this connection's peer UID was allowed (decided once per connection). */
+  peerAllowed?: (req: IncomingMessage) => boolean;
 }
 
 export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal) => Promise<void>;
@@ -62,6 +64,10 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
       if (deps.stopping()) {
         res.shouldKeepAlive = false;
         throw new AppError('service_unavailable');
+      }
+      if (deps.peerAllowed && !deps.peerAllowed(req)) {
+        res.shouldKeepAlive = false;
+        throw new AppError('forbidden_peer');
       }
       if (!checkHost(req.headers.host, deps.port()).ok) throw new AppError('forbidden_host');
       if (!checkOrigin(firstValue(req.headers.origin)).ok) throw new AppError('forbidden_origin');

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { watch } from 'chokidar';
 import type { Logger } from '../log/logger.js';
@@ -33,6 +34,20 @@ interface SlotRetry {
   notBefore: number;
 }
 
+/**
+ * A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
+ * token) in inbox/; apply ignores dot files, so fetch, the only writer, sweeps its own.
+ */
+async function removeStaleTemps(inbox: string, log: Logger): Promise<void> {
+  const names = await readdir(inbox).catch(() => [] as string[]);
+  for (const name of names) {
+    if (name.startsWith('.') && name.endsWith('.tmp')) {
+      await unlink(join(inbox, name)).catch(() => undefined);
+      log.info({ file: name }, 'removed a temp file left by an interrupted write');
+    }
+  }
+}
+
 /** Thrown by `--once` when something could not be settled; the CLI exits 1. */
 export class FetchIncompleteError extends Error {}
 
@@ -48,6 +63,7 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
       const paths = handoffPaths(config.handoffDir);
       const state = new FetchState(join(config.privateDir, 'slots'));
       await state.init();
+      await removeStaleTemps(paths.inbox, log);
       const agent = createFetchAgent();
       const fetchDeps: FetchDeps = { gatewayUrl: config.gatewayUrl, paths, state, agent, log };
       const retries = new Map<string, SlotRetry>();
@@ -92,9 +108,10 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
             // back off if conflicts repeat (two hosts fighting over one slot).
             const attempt = (retry?.attempt ?? 0) + 1;
             const delay = attempt > 2 ? backoffDelay(attempt - 2, undefined, config.backoff) : 0;
-            retries.set(slot.slot, { attempt, notBefore: now + delay });
+            const answeredAt = Date.now();
+            retries.set(slot.slot, { attempt, notBefore: answeredAt + delay });
             log.warn({ slot: slot.slot, currentTokenId: outcome.currentTokenId, attempt }, 'token conflict (409): adopted the Gateway\'s token id; renewing again');
-            return now + delay;
+            return answeredAt + delay;
           }
           case 'credential_invalid':
             return 'halt';
@@ -107,9 +124,11 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
           case 'retry': {
             const attempt = (retry?.attempt ?? 0) + 1;
             const delay = backoffDelay(attempt, outcome.retryAfterMs, config.backoff);
-            retries.set(slot.slot, { attempt, notBefore: now + delay });
+            // Counted from when the answer arrived (RFC 9110 Retry-After), not the step's start.
+            const answeredAt = Date.now();
+            retries.set(slot.slot, { attempt, notBefore: answeredAt + delay });
             log.warn({ slot: slot.slot, reason: outcome.reason, attempt, retryInMs: delay, retryAfterMs: outcome.retryAfterMs }, 'renewal failed; will retry with the same requestId');
-            return now + delay;
+            return answeredAt + delay;
           }
         }
       };

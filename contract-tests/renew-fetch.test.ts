@@ -1,0 +1,446 @@
+import { readFileSync, statSync } from 'node:fs';
+import t from 'tap';
+import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from './helpers/forwarder-proc.js';
+import type { RenewRecord } from './helpers/mock-renew-gateway.js';
+import {
+  CREDENTIAL,
+  WRONG_CREDENTIAL,
+  allGateways,
+  allRigs,
+  crashes,
+  figures,
+  makeRig,
+  until,
+  within,
+  type InboxOk,
+  type RenewRig,
+} from './helpers/renew-harness.js';
+import type { TapTest } from './helpers/tap-types.js';
+
+/*
+ * renew fetch, black-box against the built CLI and a MockRenewGateway (SPEC §4):
+ * idempotent retries (one requestId per renewal, persisted before sending), crash safety
+ * at every step, CAS with 409 adoption, Retry-After, 401 halt, 404 revocation, --once, and
+ * no secret in any log line, slot file or private state file.
+ */
+
+const RENEWED = 'renewed; handed to apply';
+const RETRYING = 'renewal failed; will retry with the same requestId';
+
+function isOk(x: unknown): x is InboxOk {
+  return typeof x === 'object' && x !== null && typeof (x as InboxOk).tokenId === 'string' && typeof (x as InboxOk).token === 'string';
+}
+
+function requestIds(records: RenewRecord[]): string[] {
+  return records.map((r) => r.requestId ?? '<none>');
+}
+
+function logsOf(procs: CliProc[], msg: string): LogLine[] {
+  return procs.flatMap((p) => p.logs.filter((l) => l.msg === msg));
+}
+
+/**
+ * The state every recovery must converge to: the Gateway minted exactly one token for the
+ * slot, fetch handed exactly that one to apply, apply writes it into the token file and
+ * the slot file, fetch's pending requestId is settled, and a further run asks nothing.
+ */
+async function assertConverged(t: TapTest, rig: RenewRig, slot: string, requestId: string, opts: { idleCheck?: boolean } = {}): Promise<void> {
+  const { gw } = rig;
+  t.equal(gw.minted(slot), 1, 'the Gateway minted exactly one token for the slot');
+  t.ok(gw.requestsFor(slot).length >= 1, 'the Gateway saw the renewal');
+  t.same(new Set(requestIds(gw.requestsFor(slot))), new Set([requestId]), 'every request for the slot carried the one requestId');
+  t.equal(gw.authority.mintedForRequest(requestId), 1, 'one token for that requestId');
+  const gatewayTokenId = gw.authority.slotState(slot)?.tokenId;
+  t.ok(gatewayTokenId, 'the Gateway holds a token for the slot');
+
+  const inbox = rig.readInbox(slot);
+  t.ok(isOk(inbox), 'inbox holds the renewal answer');
+  if (!isOk(inbox)) return;
+  t.equal(inbox.tokenId, gatewayTokenId, "inbox holds the Gateway's committed token");
+  t.equal(statSync(rig.inboxPath(slot)).mode & 0o777, 0o640, 'inbox file is 0640');
+  t.same(
+    rig.inboxNames().filter((n) => !n.startsWith('.')),
+    [`${slot}.json`],
+    'nothing but the slot file (and perhaps a dot-temp file) in inbox/',
+  );
+
+  const priv = rig.readPrivate(slot);
+  t.notOk(priv?.pending, "fetch's pending requestId is settled");
+  t.equal(priv?.delivered?.tokenId, gatewayTokenId, 'fetch remembers what it handed to apply');
+
+  const applied = await rig.apply();
+  t.equal(applied.exit.code, 0, 'renew apply exits 0');
+  t.ok(applied.proc.logs.some((l) => l.msg === 'token applied' && l.slot === slot && l.tokenId === gatewayTokenId), 'apply logged the token applied');
+  t.equal(rig.readToken(slot), inbox.token, 'the token file holds the committed token');
+  t.equal(statSync(rig.tokenFile(slot)).mode & 0o777, 0o600, 'token file is 0600');
+  const slotFile = rig.readSlot(slot);
+  t.equal(slotFile.tokenId, gatewayTokenId, 'slots/ names the applied tokenId');
+  t.equal(slotFile.generation, inbox.credentialGeneration, 'slots/ has the generation');
+  t.equal(rig.readInbox(slot), undefined, 'apply removed the inbox file');
+  if (opts.idleCheck === false) return;
+
+  const before = gw.requests.length;
+  const again = await rig.fetchOnce(['--backoff-cap-ms', '200']);
+  t.equal(again.exit.code, 0, 'a further fetch --once exits 0');
+  t.equal(gw.requests.length, before, 'and asks the Gateway nothing: the slot is not due');
+  t.equal(gw.minted(slot), 1, 'still exactly one token minted');
+}
+
+t.test('a dropped response: the retry carries the same requestId and gets the same token', async (t) => {
+  const rig = await makeRig(t);
+  const slot = 'instance:drop-01';
+  rig.addSlot(slot);
+  rig.gw.inject({ kind: 'dropAfterCommit' }, { slot });
+
+  const { proc, exit } = await rig.fetchOnce(['--backoff-cap-ms', '200']);
+  t.equal(exit.code, 0, 'fetch --once exits 0 once the retry settled');
+  const reqs = rig.gw.requestsFor(slot);
+  t.equal(reqs.length, 2, 'one lost answer, one retry');
+  t.equal(reqs[0]?.outcome, 'dropped', 'the first answer was lost');
+  t.ok(reqs[0]?.committed, 'after the Gateway committed');
+  t.equal(reqs[1]?.outcome, 200, 'the retry got a 200');
+  t.equal(reqs[1]?.requestId, reqs[0]?.requestId, 'with the same requestId');
+  t.equal(reqs[1]?.expectedTokenId, null, 'and the same expectation');
+  const retry = proc.logs.find((l) => l.msg === RETRYING);
+  t.ok(retry, 'the loss was logged as a retry');
+  t.match(retry?.reason, /^network/, 'as a network failure');
+  const renewed = proc.logs.find((l) => l.msg === RENEWED);
+  t.equal(renewed?.tokenId, rig.gw.authority.slotState(slot)?.tokenId, 'the renewed line names the committed tokenId');
+  await assertConverged(t, rig, slot, reqs[0]?.requestId ?? '');
+});
+
+t.test('SIGKILL at each step, then a restart: no second token, state converges', async (t) => {
+  const hooks = ['fetch-after-persist', 'fetch-after-receive', 'fetch-mid-inbox-write', 'fetch-after-inbox'] as const;
+  for (const hook of hooks) {
+    await t.test(`crash:${hook}`, async (t) => {
+      const rig = await makeRig(t);
+      const slot = `instance:crash-${hook}`;
+      rig.addSlot(slot);
+
+      // Whatever the crash, nothing partial may ever be visible as inbox/<slot>.json.
+      const torn: string[] = [];
+      const watcher = setInterval(() => {
+        let text: string;
+        try {
+          text = readFileSync(rig.inboxPath(slot), 'utf8');
+        } catch {
+          return;
+        }
+        try {
+          if (!isOk(JSON.parse(text))) torn.push('not a renewal answer');
+        } catch {
+          torn.push('partial JSON');
+        }
+      }, 2);
+      const crashed = await rig.fetchCrash(hook);
+      clearInterval(watcher);
+      t.equal(crashed.exit.signal, 'SIGKILL', 'fetch died at the crash point');
+      t.same(torn, [], 'no partial inbox file was ever visible');
+
+      const pending = rig.readPrivate(slot)?.pending;
+      t.ok(pending, 'the requestId was persisted before the crash');
+      const requestId = pending?.requestId ?? '';
+      t.equal(pending?.expectedTokenId, null, 'with the expectation (no token yet)');
+      const sentBefore = rig.gw.requestsFor(slot);
+      if (hook === 'fetch-after-persist') {
+        t.equal(sentBefore.length, 0, 'nothing was sent before the crash');
+        t.equal(rig.gw.minted(slot), 0, 'nothing minted yet');
+      } else {
+        t.equal(sentBefore.length, 1, 'the first process sent once');
+        t.equal(sentBefore[0]?.requestId, requestId, 'with the persisted requestId');
+        t.ok(sentBefore[0]?.committed, 'and the Gateway committed it');
+        t.equal(rig.gw.minted(slot), 1, 'one token minted');
+      }
+      if (hook === 'fetch-mid-inbox-write' || hook === 'fetch-after-receive' || hook === 'fetch-after-persist') {
+        t.equal(rig.readInbox(slot), undefined, 'no inbox/<slot>.json after the crash');
+        t.ok(
+          rig.inboxNames().every((n) => n.startsWith('.')),
+          'at most a dot-temp file remains in inbox/',
+        );
+      }
+      if (hook === 'fetch-mid-inbox-write') {
+        // Proof that the crash really was mid-write: the half-written temp file is there.
+        const temps = rig.inboxNames().filter((n) => n.startsWith('.'));
+        t.equal(temps.length, 1, 'the half-written dot-temp file remains');
+        const half = temps[0] ? readFileSync(`${rig.handoff}/inbox/${temps[0]}`, 'utf8') : '';
+        t.ok(half.length > 0 && !half.endsWith('}\n'), 'and it is partial');
+      }
+      if (hook === 'fetch-after-inbox') {
+        const inbox = rig.readInbox(slot);
+        t.ok(isOk(inbox), 'the complete answer is in the inbox');
+        t.equal(isOk(inbox) ? inbox.tokenId : undefined, rig.gw.authority.slotState(slot)?.tokenId, 'holding the committed token');
+      }
+
+      const restart = await rig.fetchOnce(['--backoff-cap-ms', '200']);
+      t.equal(restart.exit.code, 0, 'the restarted fetch --once settles and exits 0');
+      const after = rig.gw.requestsFor(slot);
+      t.equal(after.length, sentBefore.length + 1, 'the restart sent exactly one request');
+      t.equal(after.at(-1)?.requestId, requestId, 'the restart reused the persisted requestId');
+      t.equal(after.at(-1)?.outcome, 200, 'and got a 200');
+      await assertConverged(t, rig, slot, requestId);
+    });
+  }
+
+  await t.test('after sending (the Gateway committed, the answer never came): SIGKILL from outside', async (t) => {
+    const rig = await makeRig(t);
+    const slot = 'instance:crash-after-send';
+    rig.addSlot(slot);
+    rig.gw.inject({ kind: 'hang', commit: true }, { slot });
+    const proc = rig.startFetch(['--once']);
+    const first = await within(rig.gw.waitForRequests(1), 10_000, 'the request to reach the Gateway');
+    t.ok(first.committed, 'the Gateway committed before hanging');
+    t.equal(rig.gw.minted(slot), 1, 'one token minted');
+    proc.child.kill('SIGKILL');
+    const exit = await within(proc.exited, 10_000, 'fetch to die');
+    crashes.count += 1;
+    t.equal(exit.signal, 'SIGKILL', 'fetch was killed while waiting for the answer');
+    const pending = rig.readPrivate(slot)?.pending;
+    t.equal(pending?.requestId, first.requestId, 'the requestId on the wire was the persisted one');
+    t.equal(rig.readInbox(slot), undefined, 'nothing in the inbox yet');
+
+    const restart = await rig.fetchOnce(['--backoff-cap-ms', '200']);
+    t.equal(restart.exit.code, 0, 'the restarted fetch --once exits 0');
+    const reqs = rig.gw.requestsFor(slot);
+    t.equal(reqs.length, 2, 'one request per process');
+    t.equal(reqs[1]?.requestId, first.requestId, 'both processes used the same requestId');
+    t.equal(reqs[1]?.outcome, 200, 'the restart got the stored answer');
+    await assertConverged(t, rig, slot, first.requestId ?? '');
+  });
+});
+
+t.test('409: a stale expectation is replaced by the adopted tokenId and a new requestId', async (t) => {
+  // Short lifetime, so the loop renews again by itself after ~2/3 of it.
+  const rig = await makeRig(t, { tokenLifetimeMs: 4_000 });
+  const slot = 'instance:conflict-01';
+  rig.addSlot(slot);
+  const proc = rig.startFetch(['--backoff-cap-ms', '200']);
+  const first = await proc.waitForLog((l) => l.msg === RENEWED && l.slot === slot, 10_000);
+  // At once, long before T1 is due again: another host renews the slot, so our T1
+  // expectation is now stale.
+  const elsewhere = rig.gw.advanceElsewhere(slot);
+  rig.harvest();
+  const t1 = first.tokenId as string;
+  t.equal((await rig.apply()).exit.code, 0, 'T1 applied');
+  t.equal(rig.readSlot(slot).tokenId, t1, 'slots/ holds T1');
+  const conflict = await proc.waitForLog((l) => l.msg?.includes('token conflict (409)') === true, 10_000);
+  t.equal(conflict.currentTokenId, elsewhere.tokenId, 'the 409 line names the adopted tokenId');
+  const second = await proc.waitForLog((l) => l.msg === RENEWED && l.tokenId !== t1, 10_000);
+  rig.harvest();
+  await proc.stop('SIGTERM');
+
+  const reqs = rig.gw.requestsFor(slot);
+  const i409 = reqs.findIndex((r) => r.outcome === 409);
+  t.ok(i409 > 0, 'the Gateway answered 409');
+  const stale = reqs[i409];
+  const retry = reqs[i409 + 1];
+  t.equal(stale?.expectedTokenId, t1, 'the stale request expected T1');
+  t.equal(retry?.expectedTokenId, elsewhere.tokenId, 'the next request expected the adopted tokenId');
+  t.not(retry?.requestId, stale?.requestId, 'under a new requestId');
+  t.not(retry?.requestId, reqs[0]?.requestId, 'not the first renewal’s either');
+  t.equal(retry?.outcome, 200, 'and succeeded');
+  t.equal(second.tokenId, rig.gw.authority.slotState(slot)?.tokenId, "fetch handed over the Gateway's new token");
+  const inbox = rig.readInbox(slot);
+  t.equal(isOk(inbox) ? inbox.tokenId : undefined, second.tokenId, 'the inbox holds it');
+  t.notOk(rig.readPrivate(slot)?.pending, 'nothing pending');
+  t.equal(rig.readPrivate(slot)?.adopted, undefined, 'the adoption was consumed');
+
+  const applied = await rig.apply();
+  t.equal(applied.exit.code, 0);
+  t.equal(rig.readSlot(slot).tokenId, second.tokenId, 'apply applied the renewal after the conflict');
+  t.equal(rig.readToken(slot), isOk(inbox) ? inbox.token : undefined, 'token file holds it');
+});
+
+t.test('429 with Retry-After: the retry waits at least that long and keeps the requestId', async (t) => {
+  const rig = await makeRig(t);
+  const slot = 'instance:ratelimited-01';
+  rig.addSlot(slot);
+  rig.gw.inject({ kind: 'status429', retryAfterS: 2 }, { slot });
+  // A backoff cap far below Retry-After: only honouring Retry-After can make it wait 2 s.
+  const { proc, exit } = await rig.fetchOnce(['--backoff-cap-ms', '100']);
+  t.equal(exit.code, 0, 'fetch --once settles after the 429');
+  const reqs = rig.gw.requestsFor(slot);
+  t.equal(reqs.length, 2, 'one 429, one retry');
+  t.equal(reqs[0]?.outcome, 429);
+  t.equal(reqs[1]?.outcome, 200);
+  t.equal(reqs[1]?.requestId, reqs[0]?.requestId, 'same requestId');
+  const gap = (reqs[1]?.at ?? 0) - (reqs[0]?.at ?? 0);
+  t.comment(`429 → retry arrived ${gap} ms after the 429 request`);
+  // Retry-After counts from the moment the answer is received (RFC 9110 §10.2.3), and the
+  // answer reaches fetch strictly after the 429 request reached the Gateway; so the
+  // retry's arrival minus the 429 request's arrival is a lower bound, not a timing guess.
+  t.ok(gap >= 2_000, `the retry was not sent before Retry-After had elapsed (gap ${gap} ms)`);
+  const line = proc.logs.find((l) => l.msg === RETRYING);
+  t.equal(line?.retryAfterMs, 2_000, 'the retry line reports Retry-After');
+  t.ok(typeof line?.retryInMs === 'number' && line.retryInMs >= 2_000, 'and a wait of at least that');
+  t.equal(line?.reason, 'status 429');
+  await assertConverged(t, rig, slot, reqs[0]?.requestId ?? '', { idleCheck: false });
+});
+
+t.test('5xx and a connection reset: retried with backoff, same requestId', async (t) => {
+  const rig = await makeRig(t);
+  const slot = 'instance:flaky-01';
+  rig.addSlot(slot);
+  rig.gw.inject({ kind: 'status5xx', status: 502 }, { slot });
+  rig.gw.inject({ kind: 'resetBeforeCommit' }, { slot });
+  rig.gw.inject({ kind: 'status5xx', status: 503 }, { slot });
+  const { proc, exit } = await rig.fetchOnce(['--backoff-cap-ms', '300']);
+  t.equal(exit.code, 0, 'fetch --once settles');
+  const reqs = rig.gw.requestsFor(slot);
+  t.same(
+    reqs.map((r) => r.outcome),
+    [502, 'reset', 503, 200],
+    'three failures, then success',
+  );
+  t.equal(new Set(requestIds(reqs)).size, 1, 'one requestId throughout');
+  const retries = proc.logs.filter((l) => l.msg === RETRYING);
+  t.same(
+    retries.map((l) => l.attempt),
+    [1, 2, 3],
+    'attempts counted up',
+  );
+  t.same(
+    retries.map((l) => (typeof l.reason === 'string' ? l.reason.replace(/^network: .*/, 'network') : l.reason)),
+    ['status 502', 'network', 'status 503'],
+    'each failure logged with its reason',
+  );
+  t.ok(
+    retries.every((l) => typeof l.retryInMs === 'number' && l.retryInMs >= 0 && l.retryInMs <= 300),
+    'each wait within the backoff cap',
+  );
+  await assertConverged(t, rig, slot, reqs[0]?.requestId ?? '', { idleCheck: false });
+});
+
+t.test('401: a rejected credential halts renewals without a storm; a new credential resumes them', async (t) => {
+  const rig = await makeRig(t);
+  const slots = ['instance:halt-a', 'instance:halt-b', 'cli:halt-c'];
+  for (const s of slots) rig.addSlot(s);
+  rig.setCredential(WRONG_CREDENTIAL);
+  const proc = rig.startFetch(['--backoff-cap-ms', '100']);
+  const err = await proc.waitForLog((l) => l.level === 'error' && /credential rejected/.test(String(l.msg)), 10_000);
+  t.match(String(err.msg), /401/, 'the error line says the Gateway answered 401');
+  // Nothing can prove a negative instantly: watch the loop for a few seconds.
+  await new Promise((r) => setTimeout(r, 3_000));
+  t.ok(rig.gw.requests.length >= 1 && rig.gw.requests.length <= 3, `at most one request per slot (saw ${rig.gw.requests.length})`);
+  for (const s of slots) t.ok(rig.gw.requestsFor(s).length <= 1, `${s} was asked at most once`);
+  t.ok(
+    rig.gw.requests.every((r) => r.outcome === 401),
+    'every request was refused',
+  );
+  t.equal(rig.gw.minted(), 0, 'nothing minted');
+  t.notOk(proc.logs.some((l) => l.msg === RETRYING), 'a 401 is not retried as a transient failure');
+  t.equal(proc.child.exitCode, null, 'fetch keeps running (halted, not dead)');
+
+  const refused = rig.gw.requests.length;
+  rig.setCredential(CREDENTIAL);
+  proc.child.kill('SIGHUP');
+  await until(() => logsOf([proc], RENEWED).length >= 3, 10_000, 'all three slots renewed');
+  rig.harvest();
+  t.ok(proc.logs.some((l) => l.msg === 'host credential changed; resuming renewals'), 'resumption logged');
+  t.equal(rig.gw.minted(), 3, 'one token per slot once the credential is right');
+  for (const s of slots) {
+    t.equal(rig.gw.minted(s), 1, `${s}: one token`);
+    const inbox = rig.readInbox(s);
+    t.equal(isOk(inbox) ? inbox.tokenId : undefined, rig.gw.authority.slotState(s)?.tokenId, `${s}: inbox holds it`);
+  }
+  const later = rig.gw.requests.slice(refused);
+  t.ok(later.every((r) => r.outcome === 200), 'after the change every request succeeded');
+  await proc.stop('SIGTERM');
+  t.equal((await rig.apply()).exit.code, 0, 'apply applies all three');
+  for (const s of slots) t.equal(rig.readSlot(s).tokenId, rig.gw.authority.slotState(s)?.tokenId, `${s} applied`);
+});
+
+t.test('404: a revoked slot gets a revocation notice, apply marks it, fetch stops asking', async (t) => {
+  const rig = await makeRig(t);
+  const gone = 'instance:revoked-01';
+  const live = 'instance:live-01';
+  rig.addSlot(gone);
+  rig.gw.revokeSlot(gone);
+  const proc = rig.startFetch(['--backoff-cap-ms', '100']);
+  await proc.waitForLog((l) => l.msg === 'slot revoked by the Gateway (404); no more renewals for it' && l.slot === gone, 10_000);
+  const notice = rig.readInbox(gone);
+  t.match(notice, { slot: gone, revoked: true }, 'fetch wrote a revocation notice to the inbox');
+  t.notOk(rig.readPrivate(gone)?.pending, 'nothing pending for the revoked slot');
+
+  const applied = await rig.apply();
+  t.equal(applied.exit.code, 0, 'apply exits 0');
+  t.equal(rig.readSlot(gone).revoked, true, 'slots/<slot>.json is marked revoked');
+  t.equal(rig.readInbox(gone), undefined, 'the notice was consumed');
+
+  // A new slot wakes the running fetch; by the time it renews that one it has re-read the
+  // revoked slot file, and must not have asked for the revoked slot again.
+  rig.addSlot(live);
+  await proc.waitForLog((l) => l.msg === RENEWED && l.slot === live, 10_000);
+  rig.harvest();
+  await proc.stop('SIGTERM');
+  t.equal(rig.gw.requestsFor(gone).length, 1, 'the running fetch asked for the revoked slot once');
+
+  const again = await rig.fetchOnce(['--backoff-cap-ms', '100']);
+  t.equal(again.exit.code, 0, 'a fresh fetch --once exits 0');
+  t.equal(rig.gw.requestsFor(gone).length, 1, 'and never asks for the revoked slot');
+});
+
+t.test('--once: exit 0 when every due slot settled, exit 1 when the Gateway keeps failing past the budget', async (t) => {
+  const rig = await makeRig(t);
+  const a = 'instance:once-a';
+  const b = 'cli:once-b';
+  rig.addSlot(a);
+  rig.addSlot(b);
+  const ok = await rig.fetchOnce(['--backoff-cap-ms', '100']);
+  t.equal(ok.exit.code, 0, 'exit 0: both slots settled');
+  t.equal(logsOf([ok.proc], RENEWED).length, 2, 'two renewals handed over');
+  for (const s of [a, b]) t.ok(isOk(rig.readInbox(s)), `${s} in the inbox`);
+  t.equal((await rig.apply()).exit.code, 0);
+
+  const c = 'instance:once-failing';
+  rig.addSlot(c);
+  rig.gw.inject({ kind: 'status5xx', status: 503 }, { slot: c, times: 1_000 });
+  const fail = await rig.fetchOnce(['--once-budget-ms', '1500', '--backoff-cap-ms', '200'], {}, 20_000);
+  t.equal(fail.exit.code, 1, 'exit 1: a slot did not settle within the budget');
+  const failed = rig.gw.requestsFor(c);
+  t.ok(failed.length >= 2, `it retried within the budget (${failed.length} requests)`);
+  t.equal(new Set(requestIds(failed)).size, 1, 'every retry with the same requestId');
+  t.equal(rig.gw.minted(c), 0, 'nothing minted');
+  t.equal(rig.readInbox(c), undefined, 'nothing in the inbox');
+  const pending = rig.readPrivate(c)?.pending;
+  t.equal(pending?.requestId, failed[0]?.requestId, 'the renewal stays pending under its requestId');
+
+  // The next timer run continues the same renewal.
+  rig.gw.clearFaults();
+  const next = await rig.fetchOnce(['--backoff-cap-ms', '100']);
+  t.equal(next.exit.code, 0, 'the next run settles it');
+  t.equal(rig.gw.requestsFor(c).at(-1)?.requestId, failed[0]?.requestId, 'with the same requestId');
+  t.equal(rig.gw.minted(c), 1, 'one token');
+  t.equal(rig.gw.requestsFor(a).length + rig.gw.requestsFor(b).length, 2, 'settled slots were not asked again');
+});
+
+t.test('no credential or token in slot files or in fetch private state', async (t) => {
+  for (const rig of allRigs) rig.harvest();
+  t.ok(knownSecrets.has(CREDENTIAL) && knownSecrets.has(WRONG_CREDENTIAL), 'both credentials are searched for');
+  const minted = allGateways.reduce((n, g) => n + g.minted(), 0);
+  t.ok(knownSecrets.size >= 2 + minted, `every minted token is searched for (${knownSecrets.size} secrets, ${minted} minted)`);
+  const files = allRigs.flatMap((r) => r.secretFreeFiles());
+  t.ok(files.some((f) => f.includes('/slots/')), 'slot files were written');
+  t.ok(files.some((f) => f.includes('/renew-fetch/')), 'fetch private state was written');
+  const leaks = files.flatMap((f) => leakedSecrets(readFileSync(f, 'utf8')).map(() => f));
+  t.same(leaks, [], 'no secret in any slot file or private state file');
+  const stderr = allRigs.flatMap((r) => r.procs.flatMap((p) => p.stderr)).join('\n');
+  t.same(leakedSecrets(stderr), [], 'no secret on stderr');
+});
+
+checkNoLeaks(t);
+
+t.test('figures', async (t) => {
+  const handedOver = new Set(
+    allRigs.flatMap((r) => logsOf(r.procs, RENEWED).map((l) => String(l.tokenId))),
+  );
+  const f = figures(handedOver);
+  // Every committed requestId minted exactly once.
+  const committedIds = allGateways.flatMap((g) => g.requests.filter((r) => r.committed).map((r) => ({ g, id: r.requestId ?? '' })));
+  t.ok(
+    committedIds.every(({ g, id }) => g.authority.mintedForRequest(id) === 1),
+    'no requestId minted more than one token',
+  );
+  t.ok(f.tokensMinted > 0 && f.faultsInjected > 0, 'the file renewed and injected faults');
+  t.comment('FIGURES ' + JSON.stringify(f));
+  t.equal(f.duplicates, 0, 'duplicates: every minted token was handed to apply');
+});
