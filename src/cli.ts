@@ -8,6 +8,7 @@ import { registerDevCommand } from './cli/dev-command.js';
 import { registerRenewCommands } from './cli/renew-commands.js';
 import { registerCliProxyCommands } from './cli/cli-proxy-commands.js';
 import { registerInstallCommands } from './cli/install-commands.js';
+import { registerDoctorCommand } from './cli/doctor-command.js';
 
 /**
  * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
@@ -24,6 +25,7 @@ async function main(argv: string[]): Promise<number> {
   registerRenewCommands(program);
   registerCliProxyCommands(program);
   registerInstallCommands(program);
+  registerDoctorCommand(program);
   registerDevCommand(program);
   const override = (cmd: Command): void => {
     cmd.exitOverride();

@@ -1,0 +1,198 @@
+import { readFile, readdir, stat } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { execa } from 'execa';
+import { request } from 'undici';
+import { parseCatalog } from '../cli-proxy/catalog.js';
+import { parseInstancesFile, type ParseResult } from '../registry/schema.js';
+import { handoffPaths, readSlots } from '../renew/handoff.js';
+
+export type Level = 'ok' | 'warn' | 'problem';
+
+export interface Finding {
+  level: Level;
+  check: string;
+  detail: string;
+  /** The command that fixes it. */
+  fix?: string;
+}
+
+export interface DoctorOptions {
+  stateDir: string;
+  handoffDir: string;
+  /** The user AI agents run as: must not be able to read any secret. */
+  agentUser?: string;
+  forwarderUrl: string;
+  cliProxyUrl: string;
+  systemd: boolean;
+  passwdPath?: string;
+  groupPath?: string;
+  now?: number;
+}
+
+interface Account {
+  name: string;
+  uid: number;
+  gid: number;
+  groups: Set<number>;
+}
+
+async function readAccounts(passwdPath: string, groupPath: string): Promise<{ users: Map<string, Account>; groups: Map<string, number> }> {
+  const users = new Map<string, Account>();
+  const groups = new Map<string, number>();
+  const members = new Map<string, number[]>();
+  for (const line of (await readFile(groupPath, 'utf8').catch(() => '')).split('\n')) {
+    const [name, , gid, list] = line.split(':');
+    if (!name || !gid) continue;
+    groups.set(name, Number(gid));
+    for (const m of (list ?? '').split(',').filter(Boolean)) members.set(m, [...(members.get(m) ?? []), Number(gid)]);
+  }
+  for (const line of (await readFile(passwdPath, 'utf8').catch(() => '')).split('\n')) {
+    const [name, , uid, gid] = line.split(':');
+    if (!name || !uid || !gid) continue;
+    users.set(name, { name, uid: Number(uid), gid: Number(gid), groups: new Set([Number(gid), ...(members.get(name) ?? [])]) });
+  }
+  return { users, groups };
+}
+
+/** Could `who` open `path` for reading, by the mode bits of the file and every directory above it? */
+export async function canRead(path: string, who: Account): Promise<boolean> {
+  if (who.uid === 0) return true;
+  const allows = (st: { uid: number; gid: number; mode: number }, bit: number): boolean => {
+    if (st.uid === who.uid) return ((st.mode >> 6) & bit) !== 0;
+    if (who.groups.has(st.gid)) return ((st.mode >> 3) & bit) !== 0;
+    return (st.mode & bit) !== 0;
+  };
+  let dir = dirname(path);
+  for (;;) {
+    const st = await stat(dir).catch(() => undefined);
+    if (!st || !allows(st, 1)) return false;
+    const parent = dirname(dir);
+    if (parent === dir) break;
+    dir = parent;
+  }
+  const st = await stat(path).catch(() => undefined);
+  return st !== undefined && allows(st, st.isDirectory() ? 5 : 4);
+}
+
+/**
+ * Checks a host installation and says, for each problem, the command that fixes it:
+ * users and groups, directory and file owners and modes, that the Agent UID can read no
+ * secret, the two ports, the units, token freshness, registry and catalog validity.
+ */
+export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
+  const out: Finding[] = [];
+  const add = (level: Level, check: string, detail: string, fix?: string): void => void out.push({ level, check, detail, ...(fix ? { fix } : {}) });
+  const now = o.now ?? Date.now();
+  const { users, groups } = await readAccounts(o.passwdPath ?? '/etc/passwd', o.groupPath ?? '/etc/group');
+  const service = users.get('agent-connectors');
+  const renewGid = groups.get('agent-connectors-renew');
+  const sysusersFix = 'systemd-sysusers /etc/sysusers.d/agent-connectors.conf';
+  const tmpfilesFix = 'systemd-tmpfiles --create /etc/tmpfiles.d/agent-connectors.conf';
+
+  // 1. users and groups
+  if (service) add('ok', 'users', `user agent-connectors (uid ${service.uid})`);
+  else add('problem', 'users', 'user agent-connectors is missing', sysusersFix);
+  if (renewGid === undefined) add('problem', 'users', 'group agent-connectors-renew is missing', sysusersFix);
+  else if (service && !service.groups.has(renewGid)) add('problem', 'users', 'agent-connectors is not in group agent-connectors-renew', 'usermod -aG agent-connectors-renew agent-connectors');
+
+  // 2. directories and their modes
+  const dirs: Array<[string, number, string, string]> = [
+    [o.stateDir, 0o750, 'agent-connectors', 'agent-connectors-renew'],
+    [join(o.stateDir, 'mcp-forwarder'), 0o700, 'agent-connectors', 'agent-connectors'],
+    [join(o.stateDir, 'cli-proxy'), 0o700, 'agent-connectors', 'agent-connectors'],
+    [o.handoffDir, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+    [join(o.handoffDir, 'inbox'), 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+    [join(o.handoffDir, 'slots'), 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+  ];
+  for (const [path, mode, user, group] of dirs) {
+    const st = await stat(path).catch(() => undefined);
+    if (!st) {
+      add('problem', 'directories', `${path} is missing`, tmpfilesFix);
+      continue;
+    }
+    const actual = st.mode & 0o7777;
+    const owner = users.get(user)?.uid;
+    const gid = groups.get(group);
+    if (actual !== mode) add('problem', 'directories', `${path} has mode ${actual.toString(8)}, expected ${mode.toString(8)}`, `chmod ${mode.toString(8)} ${path}`);
+    else if ((owner !== undefined && st.uid !== owner) || (gid !== undefined && st.gid !== gid)) add('problem', 'directories', `${path} is not owned by ${user}:${group}`, `chown ${user}:${group} ${path}`);
+    else add('ok', 'directories', `${path} ${mode.toString(8)} ${user}:${group}`);
+  }
+
+  // 3. registry and catalog, and every token file they name
+  const secrets: string[] = [];
+  const configFiles: Array<[string, (t: string) => ParseResult<Record<string, { tokenFile: string }>>, string]> = [
+    [join(o.stateDir, 'mcp-forwarder', 'instances.json'), parseInstancesFile, 'registry'],
+    [join(o.stateDir, 'cli-proxy', 'providers.json'), parseCatalog, 'catalog'],
+  ];
+  const tokenFiles = new Set<string>();
+  for (const [path, parse, what] of configFiles) {
+    const text = await readFile(path, 'utf8').catch(() => undefined);
+    if (text === undefined) {
+      add('warn', what, `${path} does not exist (nothing configured yet)`);
+      continue;
+    }
+    secrets.push(path);
+    const parsed = parse(text);
+    if (!parsed.ok) {
+      add('problem', what, `${path} is invalid: ${parsed.error}; the last good one is serving`, `edit ${path} (then it reloads by itself)`);
+      continue;
+    }
+    add('ok', what, `${path} is valid`);
+    for (const entry of Object.values(parsed.value)) tokenFiles.add(entry.tokenFile);
+  }
+  for (const file of [...tokenFiles, ...(await readdir(join(o.handoffDir, 'inbox')).catch(() => [] as string[])).map((n) => join(o.handoffDir, 'inbox', n))]) {
+    secrets.push(file);
+    const st = await stat(file).catch(() => undefined);
+    if (!st) {
+      if (tokenFiles.has(file)) add('problem', 'tokens', `${file} does not exist yet`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+      continue;
+    }
+    if (tokenFiles.has(file) && (st.mode & 0o777) !== 0o600) add('problem', 'tokens', `${file} has mode ${(st.mode & 0o777).toString(8)}, expected 600`, `chmod 600 ${file}`);
+    else if (tokenFiles.has(file) && service && st.uid !== service.uid) add('problem', 'tokens', `${file} is not owned by agent-connectors`, `chown agent-connectors: ${file}`);
+  }
+
+  // 4. the Agent UID reads nothing secret
+  if (o.agentUser) {
+    const agent = users.get(o.agentUser);
+    if (!agent) add('problem', 'agent user', `no such user ${o.agentUser}`);
+    else {
+      const readable: string[] = [];
+      for (const path of [...secrets, join(o.handoffDir, 'inbox')]) if (await canRead(path, agent)) readable.push(path);
+      if (readable.length === 0) add('ok', 'agent user', `${o.agentUser} can read no secret (${secrets.length} files checked)`);
+      for (const path of readable) add('problem', 'agent user', `${o.agentUser} can read ${path}`, `chmod o-rwx ${path}; ${tmpfilesFix}`);
+    }
+  }
+
+  // 5. token freshness from slot files
+  const { slots, errors } = await readSlots(handoffPaths(o.handoffDir));
+  for (const e of errors) add('problem', 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(o.handoffDir, 'slots', e.file)}' and bind again`);
+  for (const s of slots) {
+    if (s.revoked) add('problem', 'renewal', `${s.slot} was revoked by the Gateway`, 'agent-connectors unbind <its bindings>');
+    else if (!s.tokenId || !s.expiresAt) add('problem', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');
+    else if (Date.parse(s.expiresAt) <= now) add('problem', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+    else add('ok', 'renewal', `${s.slot} token valid until ${s.expiresAt}`);
+  }
+
+  // 6. the two loopback services
+  for (const [name, url] of [['forwarder', o.forwarderUrl], ['cli-proxy', o.cliProxyUrl]] as const) {
+    try {
+      const res = await request(`${url}/healthz`, { headersTimeout: 2000, bodyTimeout: 2000 });
+      const body = (await res.body.json()) as { status?: string };
+      if (res.statusCode === 200 && body.status === 'ok') add('ok', 'ports', `${name} answers on ${url}`);
+      else add('problem', 'ports', `${name} on ${url} is ${body.status ?? res.statusCode}`, `journalctl -u agent-connectors-${name}`);
+    } catch {
+      add('problem', 'ports', `${name} does not answer on ${url}`, `systemctl start agent-connectors-${name}`);
+    }
+  }
+
+  // 7. units
+  if (o.systemd) {
+    for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.path']) {
+      const active = await execa('systemctl', ['is-active', unit], { reject: false });
+      const state = active.stdout.trim() || 'unknown';
+      if (state === 'active') add('ok', 'units', `${unit} active`);
+      else add('problem', 'units', `${unit} is ${state}`, state === 'unknown' || active.exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);
+    }
+  }
+  return out;
+}
