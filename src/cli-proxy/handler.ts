@@ -10,7 +10,7 @@ import { streamResponse } from '../http/respond.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
 import type { Catalog } from './catalog.js';
-import { injectToken, strippedHeaders } from './inject.js';
+import { injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
 import { rewriteLocation, routeCli, upstreamUrl } from './route.js';
 
 export interface CliProxyDeps extends PipelineDeps {
@@ -22,6 +22,7 @@ export interface CliProxyDeps extends PipelineDeps {
 /** Upstream → CLI: a session cookie would be a credential the agent could keep. */
 const RESPONSE_DROP: ReadonlySet<string> = new Set(['set-cookie', 'set-cookie2']);
 const REFUSED_METHODS = new Set(['CONNECT', 'TRACE']);
+const ALLOWED_METHODS = 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
 
 export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
   return createRequestPipeline(deps, (req, res, rec, signal) => handle(deps, req, res, rec, signal));
@@ -61,11 +62,12 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const providers = deps.catalog.current.value;
   const provider = Object.hasOwn(providers, r.provider) ? providers[r.provider] : undefined;
   if (!provider) throw new AppError('unknown_provider');
-  if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed');
+  if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed', undefined, { allow: ALLOWED_METHODS });
 
   const url = upstreamUrl(provider.upstream, r.rest, r.search);
   const basePath = new URL(provider.upstream).pathname.replace(/\/+$/, '');
-  if (!url.pathname.startsWith(basePath)) throw new AppError('not_found'); // ../ out of the base path
+  // `..` out of the base path, or into a sibling of it (`/base-admin` next to `/base`).
+  if (basePath && url.pathname !== basePath && !url.pathname.startsWith(`${basePath}/`)) throw new AppError('not_found');
   rec.path = url.pathname.slice(basePath.length, basePath.length + 200) || '/';
 
   const declared = req.headers['content-length'];
@@ -95,7 +97,13 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const out = dropHeaderRecord(upstream.headers, RESPONSE_DROP);
   const location = firstValue(out.location);
   if (location !== undefined) {
-    out.location = rewriteLocation(location, url, provider.upstream, `http://${req.headers.host ?? ''}/p/${r.provider}`);
+    let rewritten = rewriteLocation(location, url, provider.upstream, `http://${req.headers.host ?? ''}/p/${r.provider}`);
+    // An upstream may echo the query it received: never hand the injected token back.
+    if (provider.inject.type === 'query') rewritten = withoutQueryParam(rewritten, provider.inject.name);
+    if (rewritten.includes(read.token) || rewritten.includes(encodeURIComponent(read.token))) {
+      throw new AppError('upstream_unreachable'); // cannot be made safe; refuse rather than leak
+    }
+    out.location = rewritten;
   }
   const outcome = await streamResponse(res, upstream, out, (n) => {
     rec.bytesOut += n;

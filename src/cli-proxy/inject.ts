@@ -33,12 +33,9 @@ export function injectToken(inject: Inject, token: string, headers: HeaderRecord
   }
 }
 
-/**
- * Replaces every `name=` parameter of a raw query with `name=<value>`, leaving all other
- * parameters byte for byte as the CLI sent them (URLSearchParams would re-encode them).
- */
-export function withQueryParam(search: string, name: string, value: string): string {
-  const kept = (search.startsWith('?') ? search.slice(1) : search).split('&').filter((pair) => {
+/** The raw query without any `name=` parameter; every other parameter byte for byte. */
+function dropParam(query: string, name: string): string[] {
+  return query.split('&').filter((pair) => {
     if (pair === '') return false;
     const key = pair.split('=', 1)[0] as string;
     let decoded: string;
@@ -49,6 +46,25 @@ export function withQueryParam(search: string, name: string, value: string): str
     }
     return decoded !== name;
   });
+}
+
+/**
+ * Replaces every `name=` parameter of a raw query with `name=<value>`, leaving all other
+ * parameters byte for byte as the CLI sent them (URLSearchParams would re-encode them).
+ */
+export function withQueryParam(search: string, name: string, value: string): string {
+  const kept = dropParam(search.startsWith('?') ? search.slice(1) : search, name);
   kept.push(`${encodeURIComponent(name)}=${encodeURIComponent(value)}`);
   return `?${kept.join('&')}`;
+}
+
+/** A URL (absolute or relative) without any `name=` query parameter. */
+export function withoutQueryParam(location: string, name: string): string {
+  const q = location.indexOf('?');
+  if (q === -1) return location;
+  const hash = location.indexOf('#', q);
+  const query = location.slice(q + 1, hash === -1 ? undefined : hash);
+  const rest = hash === -1 ? '' : location.slice(hash);
+  const kept = dropParam(query, name);
+  return `${location.slice(0, q)}${kept.length ? `?${kept.join('&')}` : ''}${rest}`;
 }

@@ -1,5 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { AppError, errorBody } from '../errors.js';
 import type { ListenAddress } from './loopback.js';
 
 export interface ServerLimits {
@@ -40,6 +42,14 @@ export function createLoopbackServer(handler: Handler, limits: ServerLimits = de
     handler,
   );
   server.timeout = 0;
+  // Node hands CONNECT to a 'connect' listener, never to the handler; without one it just
+  // drops the socket. Neither proxy tunnels: answer 405 like any other refused method.
+  server.on('connect', (_req, socket: Duplex) => {
+    const body = errorBody(new AppError('method_not_allowed'));
+    socket.end(
+      `HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+  });
   return server;
 }
 
