@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
-import { lstat, open, rename, stat, unlink } from 'node:fs/promises';
+import { lstat, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
 export interface AtomicWriteOptions {
@@ -80,5 +80,32 @@ export async function fsyncDir(dir: string): Promise<void> {
     await dh.sync();
   } finally {
     await dh.close();
+  }
+}
+
+/**
+ * Removes temp files a killed writer left next to `path` (`.<name>.<pid>.<hex>.tmp`, never
+ * renamed into place, possibly holding part of a secret) whose writer is gone.
+ */
+export async function sweepStaleTemps(path: string): Promise<number> {
+  const dir = dirname(path);
+  const prefix = `.${basename(path)}.`;
+  let removed = 0;
+  for (const name of await readdir(dir).catch(() => [] as string[])) {
+    if (!name.startsWith(prefix) || !name.endsWith('.tmp')) continue;
+    const pid = Number(name.slice(prefix.length).split('.')[0]);
+    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || isAlive(pid)) continue;
+    await unlink(join(dir, name)).catch(() => undefined);
+    removed += 1;
+  }
+  return removed;
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

@@ -1,7 +1,7 @@
 import { constants } from 'node:fs';
 import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { atomicWrite, ownerFor } from '../fs/atomic-write.js';
+import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
@@ -51,7 +51,7 @@ async function moveAside(paths: HandoffPaths, name: string, ino: number, stamp: 
   const from = join(paths.inbox, name);
   const st = await lstat(from).catch(() => undefined);
   if (!st || st.ino !== ino) return;
-  await mkdir(paths.rejected, { recursive: true });
+  await mkdir(paths.rejected, { recursive: true, mode: 0o770 });
   // The inode makes the name unique: two rejections in one millisecond must not collide.
   await rename(from, join(paths.rejected, `${name}.${stamp}.${ino}.rejected`));
 }
@@ -82,7 +82,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
     const st = await lstat(path).catch(() => undefined);
     if (st) await moveAside(paths, name, st.ino, stampOf(now()));
     stats.rejected += 1;
-    log.error({ file: name, reason: `unreadable (${code ?? 'error'})` }, 'inbox file rejected; moved aside');
+    log.error({ file: name, reason: `unreadable (${code ?? 'error'})` }, 'inbox file rejected; moved aside, not applied');
     return;
   }
 
@@ -113,6 +113,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   const files = await deps.tokenFilesFor(slot);
   for (const file of files) {
     await mkdir(dirname(file), { recursive: true, mode: 0o700 });
+    await sweepStaleTemps(file);
     await atomicWrite(file, `${msg.token}\n`, {
       mode: 0o600,
       owner: await ownerFor(dirname(file)),
@@ -137,7 +138,7 @@ function stampOf(ms: number): string {
 }
 
 export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
-  await mkdir(paths.slots, { recursive: true });
+  await mkdir(paths.slots, { recursive: true, mode: 0o770 });
   // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
   await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
 }
@@ -149,7 +150,7 @@ export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promis
  */
 export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
-  await mkdir(deps.paths.inbox, { recursive: true });
+  await mkdir(deps.paths.inbox, { recursive: true, mode: 0o770 });
   await withFileLock(join(deps.paths.root, 'apply'), async () => {
     // Re-list until a round finds nothing new: a file renamed in while we worked would
     // otherwise wait for the next trigger (a systemd .path unit does not fire for a

@@ -1,0 +1,486 @@
+import { randomBytes, randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import t from 'tap';
+import { Agent, request } from 'undici';
+import { z } from 'zod';
+import type { RenewAuthority } from '../src/renew/authority.js';
+import {
+  checkNoLeaks,
+  knownSecrets,
+  leakedSecrets,
+  startCli,
+  startForwarder,
+  tempDir,
+  type CliProc,
+  type ForwarderProc,
+} from './helpers/forwarder-proc.js';
+import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import { pollUntil } from './helpers/sse-client.js';
+import type { TapTest } from './helpers/tap-types.js';
+
+/**
+ * Renewal end to end (SPEC §4 with §3): `renew fetch` (loop) + `renew apply --watch`
+ * against the mock Gateway keep a running forwarder's token file fresh while traffic
+ * flows; the upstream checks every bearer token with the mock Gateway's own authority.
+ */
+
+/** A host credential, remembered as a secret. */
+function newCredential(): string {
+  const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
+  knownSecrets.add(credential);
+  return credential;
+}
+
+/**
+ * Wraps the authority's `renew` so every token it hands out becomes a known secret (the
+ * leak checks search for all of them), and so the answer advertises a shorter lifetime
+ * than the authority enforces: `expiresAt` = mint time + `advertisedMs`.
+ *
+ * Why: fetch schedules on the advertised expiry (renew when a third is left), so a 300 ms
+ * advertised lifetime rotates the token every ~200 ms; the authority keeps honouring a
+ * token for its full `tokenLifetimeMs`, a grace period past the advertised expiry, as a
+ * Gateway allowing for clock skew does. Without the grace, "valid" would also assert that
+ * three processes and six fsyncs always finish within the last 100 ms of a token's life,
+ * a timing assertion a loaded CI host cannot keep. How late tokens actually arrived
+ * (after the advertised expiry) is measured and reported, not asserted.
+ */
+function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map<string, number> {
+  const advertised = new Map<string, number>();
+  const renew = authority.renew.bind(authority);
+  authority.renew = (slot, bearer, body) => {
+    const result = renew(slot, bearer, body);
+    if (result.status === 200 && 'token' in result.body) {
+      knownSecrets.add(result.body.token);
+      // Deterministic per answer, so a replayed requestId gets the same body.
+      const mintedAt = Date.parse(result.body.expiresAt) - authority.tokenLifetimeMs;
+      const expiresAt = mintedAt + advertisedMs;
+      advertised.set(result.body.token, expiresAt);
+      result.body = { ...result.body, expiresAt: new Date(expiresAt).toISOString() };
+    }
+    return result;
+  };
+  return advertised;
+}
+
+/** What an upstream saw of one request's bearer token. */
+interface Seen {
+  valid: boolean;
+  tokenId: string | undefined;
+  sessionId: string | undefined;
+  method: string;
+  rpcMethod: string | undefined;
+  /** Why an invalid token was invalid (never the token itself). */
+  problem?: string;
+  /** A valid token that arrived after its advertised expiry: by how much (ms). */
+  lateMs?: number;
+}
+
+const TOKEN_SHAPE = /^gw_[A-Za-z0-9_-]{43}$/;
+
+/** Checks a request's bearer token with the Gateway's authority, as the real Gateway would. */
+function checkBearer(
+  req: IncomingMessage,
+  authority: RenewAuthority,
+  advertised: Map<string, number>,
+): { ok: true; tokenId: string; lateMs: number } | { ok: false; problem: string } {
+  const header = req.headers.authorization;
+  const m = header === undefined ? null : /^Bearer (.*)$/.exec(header);
+  if (!m) return { ok: false, problem: 'no bearer token' };
+  const token = m[1] as string;
+  const valid = authority.isValidToken(token);
+  const exp = advertised.get(token);
+  if (valid) return { ok: true, tokenId: valid.tokenId, lateMs: exp === undefined ? 0 : Math.max(0, Date.now() - exp) };
+  if (!TOKEN_SHAPE.test(token)) return { ok: false, problem: `partial or malformed token (${token.length} chars)` };
+  return { ok: false, problem: exp !== undefined ? `expired (${Date.now() - exp} ms after its advertised expiry)` : 'unknown token' };
+}
+
+function rpcMethodOf(body: unknown): string | undefined {
+  const first: unknown = Array.isArray(body) ? body[0] : body;
+  return first && typeof first === 'object' && 'method' in first && typeof first.method === 'string' ? first.method : undefined;
+}
+
+async function listen(server: Server): Promise<number> {
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return (server.address() as AddressInfo).port;
+}
+
+/** A plain JSON upstream that answers 200 to a valid token and 401 (recorded) to anything else. */
+class CheckingUpstream {
+  readonly seen: Seen[] = [];
+  readonly invalid: Seen[] = [];
+  readonly tokenIds = new Set<string>();
+  port = 0;
+  private readonly server: Server;
+
+  constructor(
+    private readonly authority: RenewAuthority,
+    private readonly advertised: Map<string, number>,
+  ) {
+    this.server = createServer((req, res) => void this.onRequest(req, res));
+  }
+
+  async start(): Promise<this> {
+    this.port = await listen(this.server);
+    return this;
+  }
+
+  url(): string {
+    return `http://127.0.0.1:${this.port}/mcp`;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    // Checked on arrival, before the body: the moment the Gateway would check it.
+    const check = checkBearer(req, this.authority, this.advertised);
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    let id: unknown = null;
+    try {
+      id = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { id?: unknown }).id ?? null;
+    } catch {
+      id = null;
+    }
+    const seen: Seen = { valid: check.ok, tokenId: check.ok ? check.tokenId : undefined, sessionId: undefined, method: req.method ?? '', rpcMethod: undefined };
+    if (check.ok && check.lateMs > 0) seen.lateMs = check.lateMs;
+    this.seen.push(seen);
+    if (!check.ok) {
+      seen.problem = check.problem;
+      this.invalid.push(seen);
+      res.writeHead(401, { 'content-type': 'application/json' });
+      res.end('{"error":"invalid_token"}');
+      return;
+    }
+    this.tokenIds.add(check.tokenId);
+    const text = JSON.stringify({ jsonrpc: '2.0', id, result: { tools: [] } });
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+    res.end(text);
+  }
+
+  async close(): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise<void>((r) => this.server.close(() => r()));
+  }
+}
+
+/** An SDK McpServer upstream (stateful Streamable HTTP) that checks each bearer token with the authority. */
+class CheckingMcpUpstream {
+  readonly seen: Seen[] = [];
+  readonly sessions = new Map<string, StreamableHTTPServerTransport>();
+  private readonly servers: McpServer[] = [];
+  private readonly server: Server;
+  port = 0;
+
+  constructor(
+    private readonly authority: RenewAuthority,
+    private readonly advertised: Map<string, number>,
+  ) {
+    this.server = createServer((req, res) => {
+      this.onRequest(req, res).catch(() => res.destroy());
+    });
+  }
+
+  async start(): Promise<this> {
+    this.port = await listen(this.server);
+    return this;
+  }
+
+  url(): string {
+    return `http://127.0.0.1:${this.port}/mcp`;
+  }
+
+  private newSession(): StreamableHTTPServerTransport {
+    const server = new McpServer({ name: 'renew-e2e-gateway', version: '1.0.0' });
+    server.registerTool('echo', { description: 'echoes its text', inputSchema: { text: z.string() } }, ({ text }) => ({
+      content: [{ type: 'text', text: `echo: ${text}` }],
+    }));
+    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: () => randomUUID(),
+      onsessioninitialized: (id) => {
+        this.sessions.set(id, transport);
+      },
+    });
+    transport.onclose = () => {
+      if (transport.sessionId) this.sessions.delete(transport.sessionId);
+    };
+    this.servers.push(server);
+    void server.connect(transport);
+    return transport;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const check = checkBearer(req, this.authority, this.advertised);
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const raw = Buffer.concat(chunks).toString('utf8');
+    let parsed: unknown;
+    try {
+      parsed = raw.length > 0 ? (JSON.parse(raw) as unknown) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    const header = req.headers['mcp-session-id'];
+    const sessionId = Array.isArray(header) ? header[0] : header;
+    const seen: Seen = {
+      valid: check.ok,
+      tokenId: check.ok ? check.tokenId : undefined,
+      sessionId,
+      method: req.method ?? '',
+      rpcMethod: rpcMethodOf(parsed),
+    };
+    if (check.ok && check.lateMs > 0) seen.lateMs = check.lateMs;
+    this.seen.push(seen);
+    if (!check.ok) {
+      seen.problem = check.problem;
+      res.writeHead(401, { 'content-type': 'application/json' });
+      res.end('{"error":"invalid_token"}');
+      return;
+    }
+    let transport: StreamableHTTPServerTransport | undefined;
+    if (sessionId) {
+      transport = this.sessions.get(sessionId);
+      if (!transport) {
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32001, message: 'Session not found' } }));
+        return;
+      }
+    } else {
+      transport = this.newSession();
+    }
+    await transport.handleRequest(req, res, parsed);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
+    this.server.closeAllConnections();
+    await new Promise<void>((r) => this.server.close(() => r()));
+  }
+}
+
+interface Run {
+  proc: CliProc;
+  code: number | null;
+}
+
+async function runCli(args: string[]): Promise<Run> {
+  const proc = startCli(args);
+  const [code] = (await once(proc.child, 'close')) as [number | null];
+  return { proc, code };
+}
+
+interface Renewal {
+  handoff: string;
+  fetchState: string;
+  tokenFile: string;
+  fetch: CliProc;
+  apply: CliProc;
+}
+
+/**
+ * bind (creates the slot, tokenId null) → `renew apply --watch` and `renew fetch` (loop)
+ * against the mock Gateway; resolves once the first token is in the token file.
+ */
+async function startRenewal(
+  tt: TapTest,
+  opts: { fwd: ForwarderProc; gw: MockRenewGateway; credential: string; bindingId: string; instanceId: string; upstreamUrl: string },
+): Promise<Renewal> {
+  const { fwd, gw } = opts;
+  const root = tempDir('ac-renew-e2e-');
+  tt.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const handoff = join(root, 'handoff');
+  const fetchState = join(root, 'fetch-state');
+  const credentialFile = join(root, 'host-credential');
+  mkdirSync(fetchState, { recursive: true });
+  writeFileSync(credentialFile, `${opts.credential}\n`, { mode: 0o600 });
+
+  const bound = await runCli(['bind', opts.bindingId, '--instance-id', opts.instanceId, '--upstream', opts.upstreamUrl, '--state-dir', fwd.stateDir, '--handoff', handoff]);
+  tt.equal(bound.code, 0, `bind: ${bound.proc.lines.join('\n')}`);
+  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  const slotFile = join(handoff, 'slots', `instance:${opts.instanceId}.json`);
+  tt.match(JSON.parse(readFileSync(slotFile, 'utf8')), { tokenId: null }, 'bind created the slot with tokenId null');
+
+  const apply = startCli(['renew', 'apply', '--watch', '--handoff', handoff, '--state-dir', fwd.stateDir, '--log-level', 'trace']);
+  const fetch = startCli([
+    'renew', 'fetch', '--gateway', gw.url, '--credential', credentialFile, '--handoff', handoff, '--state-dir', fetchState,
+    '--backoff-cap-ms', '200', '--log-level', 'trace',
+  ]);
+  tt.teardown(async () => {
+    await Promise.all([fetch.stop('SIGKILL'), apply.stop('SIGKILL')]);
+  });
+  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', `${opts.instanceId}.token`);
+  await pollUntil(() => existsSync(tokenFile), 'the first token to be fetched and applied', 20_000);
+  tt.equal(statSync(tokenFile).mode & 0o777, 0o600, 'the applied token file is 0600');
+  return { handoff, fetchState, tokenFile, fetch, apply };
+}
+
+/** Stops fetch and apply the way systemd would, and checks they exit cleanly. */
+async function stopRenewal(tt: TapTest, r: Renewal): Promise<void> {
+  const [f, a] = await Promise.all([r.fetch.stop('SIGTERM'), r.apply.stop('SIGTERM')]);
+  tt.equal(f.code, 0, 'renew fetch exits 0 on SIGTERM');
+  tt.equal(a.code, 0, 'renew apply --watch exits 0 on SIGTERM');
+  const errors = [...r.fetch.logs, ...r.apply.logs].filter((l) => l.level === 'error' || l.level === 'fatal');
+  tt.same(errors.map((l) => l.msg), [], 'neither fetch nor apply logged an error');
+
+  // No secret at rest where none belongs: slot files (read by fetch) and fetch's private state.
+  const files: string[] = [];
+  const walk = (dir: string): void => {
+    if (!existsSync(dir)) return;
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else files.push(p);
+    }
+  };
+  walk(join(r.handoff, 'slots'));
+  walk(r.fetchState);
+  tt.ok(files.some((f) => f.includes('/slots/')), 'slot files were checked');
+  tt.ok(files.some((f) => f.includes('/fetch-state/')), "fetch's state files were checked");
+  const leaks = files.flatMap((f) => leakedSecrets(readFileSync(f, 'utf8')).map(() => f.slice(r.handoff.length - 'handoff'.length)));
+  tt.same(leaks, [], `no credential or token in any of ${files.length} slot/fetch-state files`);
+}
+
+t.test('under load: requests through a running forwarder while tokens rotate every ~200 ms', async (t) => {
+  const credential = newCredential();
+  const slot = 'instance:inst-load';
+  // Renewal is due when a third of the lifetime is left: a token advertised to live 300 ms
+  // rotates every ~200 ms. The Gateway honours each for 1.5 s (see advertiseLifetime).
+  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 1_500, slots: [slot] });
+  t.teardown(() => gw.close());
+  const advertised = advertiseLifetime(gw.authority, 300);
+  const upstream = await new CheckingUpstream(gw.authority, advertised).start();
+  t.teardown(() => upstream.close());
+  const fwd = await startForwarder(t);
+  const bindingId = 'bind_renew_load_01';
+  const renewal = await startRenewal(t, { fwd, gw, credential, bindingId, instanceId: 'inst-load', upstreamUrl: upstream.url() });
+
+  const url = `${fwd.base}/i/${bindingId}/mcp`;
+  const agent = new Agent({ connections: 4 });
+  t.teardown(() => agent.close());
+  const statuses = new Map<number | string, number>();
+  const failures: string[] = [];
+  let requests = 0;
+  const mintedAtStart = gw.minted(slot);
+  const started = Date.now();
+  const minDuration = 30_000;
+  const deadline = started + 45_000;
+  const rotations = (): number => gw.minted(slot) - mintedAtStart;
+  const keepGoing = (): boolean => Date.now() < deadline && (Date.now() - started < minDuration || rotations() < 100);
+
+  const worker = async (w: number): Promise<void> => {
+    for (let i = 0; keepGoing(); i++) {
+      requests += 1;
+      const id = `${w}-${i}`;
+      try {
+        const res = await request(url, {
+          dispatcher: agent,
+          method: 'POST',
+          headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+          body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/list' }),
+        });
+        const text = await res.body.text();
+        statuses.set(res.statusCode, (statuses.get(res.statusCode) ?? 0) + 1);
+        if (res.statusCode !== 200) failures.push(`${res.statusCode} ${text.slice(0, 200)}`);
+        else if ((JSON.parse(text) as { id?: unknown }).id !== id) failures.push(`wrong answer for ${id}`);
+      } catch (err) {
+        statuses.set('error', (statuses.get('error') ?? 0) + 1);
+        failures.push(`request error: ${(err as Error).message}`);
+      }
+    }
+  };
+  await Promise.all([0, 1, 2, 3].map(worker));
+  const elapsed = Date.now() - started;
+
+  t.comment(
+    `load: ${requests} requests in ${(elapsed / 1000).toFixed(1)} s (concurrency 4), ${rotations()} rotations ` +
+      `(${gw.minted(slot)} tokens minted in all), ${upstream.tokenIds.size} distinct tokens seen upstream, ` +
+      `${upstream.seen.length} upstream requests, ${upstream.invalid.length} with an invalid token, statuses ${JSON.stringify(Object.fromEntries(statuses))}`,
+  );
+  const late = upstream.seen.filter((s) => s.lateMs !== undefined).map((s) => s.lateMs as number);
+  t.comment(
+    `late: ${late.length} upstream requests (${((100 * late.length) / Math.max(1, upstream.seen.length)).toFixed(2)} %) carried a token ` +
+      `past its advertised expiry (within the Gateway's grace), at most ${late.reduce((a, b) => Math.max(a, b), 0)} ms past`,
+  );
+  t.ok(elapsed >= minDuration, 'traffic flowed for at least 30 s');
+  t.ok(rotations() >= 100, `at least 100 rotations happened (${rotations()})`);
+  t.ok(requests >= 1000, `a real load (${requests} requests)`);
+  t.same(failures.slice(0, 10), [], 'no client request failed (first failures shown)');
+  t.equal(statuses.get(200), requests, 'every client request answered 200');
+  t.same(
+    upstream.invalid.slice(0, 10).map((s) => s.problem),
+    [],
+    'every upstream request carried a complete, valid token (first problems shown)',
+  );
+  t.ok(upstream.tokenIds.size >= 50, `the upstream saw the rotation (${upstream.tokenIds.size} distinct tokens)`);
+  t.equal(gw.authority.stats().conflicts, 0, 'no CAS conflict: fetch always knew the applied token');
+  t.equal(upstream.seen.length, requests, 'one upstream request per client request (no 401 retries needed)');
+
+  await stopRenewal(t, renewal);
+  const applied = renewal.apply.logs.filter((l) => l.msg === 'token applied').length;
+  t.comment(`apply applied ${applied} tokens; the Gateway saw ${gw.requests.length} renewal requests`);
+  t.ok(applied >= 100, 'apply applied every rotation');
+});
+
+t.test('an SDK MCP session through the forwarder survives real rotations by fetch + apply', async (t) => {
+  const credential = newCredential();
+  const slot = 'instance:inst-mcp';
+  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 2_000, slots: [slot] });
+  t.teardown(() => gw.close());
+  const advertised = advertiseLifetime(gw.authority, 600);
+  const upstream = await new CheckingMcpUpstream(gw.authority, advertised).start();
+  t.teardown(() => upstream.close());
+  const fwd = await startForwarder(t);
+  const bindingId = 'bind_renew_mcp_01';
+  const renewal = await startRenewal(t, { fwd, gw, credential, bindingId, instanceId: 'inst-mcp', upstreamUrl: upstream.url() });
+
+  const client = new Client({ name: 'renew-e2e-agent', version: '0.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(`${fwd.base}/i/${bindingId}/mcp`));
+  t.teardown(() => client.close());
+  await client.connect(transport);
+  const sessionId = transport.sessionId;
+  t.ok(sessionId, 'the upstream issued a session id that reached the client');
+
+  const validTokenIds = (): Set<string> => new Set(upstream.seen.filter((s) => s.valid && s.tokenId).map((s) => s.tokenId as string));
+  const deadline = Date.now() + 25_000;
+  let calls = 0;
+  while (validTokenIds().size < 4 && Date.now() < deadline) {
+    const token = readFileSync(renewal.tokenFile, 'utf8');
+    const result = await client.callTool({ name: 'echo', arguments: { text: `call ${calls}` } });
+    const content = result.content as Array<{ type: string; text?: string }>;
+    t.equal(content[0]?.text, `echo: call ${calls}`, `call ${calls} succeeded`);
+    calls += 1;
+    // Next call once renewal has replaced the token (fetch + apply, no help from the test).
+    await pollUntil(() => readFileSync(renewal.tokenFile, 'utf8') !== token, 'the next rotation', 15_000);
+  }
+  const tools = await client.listTools();
+  t.same(tools.tools.map((x) => x.name), ['echo'], 'tools/list still works in the same session');
+  await transport.terminateSession();
+  await pollUntil(() => upstream.seen.some((s) => s.method === 'DELETE'), 'the DELETE to reach the upstream');
+
+  const [init, ...rest] = upstream.seen;
+  t.equal(init?.rpcMethod, 'initialize', 'the first upstream request was initialize');
+  t.same(
+    rest.filter((s) => s.sessionId !== sessionId).map((s) => `${s.method} ${s.rpcMethod ?? ''}`),
+    [],
+    'every later upstream request carried the same mcp-session-id',
+  );
+  t.same(upstream.seen.filter((s) => !s.valid).map((s) => s.problem), [], 'every upstream request carried a valid token');
+  t.ok(validTokenIds().size >= 4, `the upstream saw at least 4 distinct tokens (${validTokenIds().size}): 3 rotations`);
+  t.ok(gw.minted(slot) >= 4, `the Gateway minted them (${gw.minted(slot)})`);
+  t.equal(upstream.seen.filter((s) => s.rpcMethod === 'initialize').length, 1, 'one session, never re-initialized');
+  t.comment(`mcp: ${calls} tool calls, ${validTokenIds().size} tokens seen upstream, ${gw.minted(slot)} minted, ${upstream.seen.length} upstream requests`);
+  await stopRenewal(t, renewal);
+});
+
+t.test('the leak checks have secrets to look for', async (t) => {
+  t.equal([...knownSecrets].filter((s) => s.startsWith('hostcred-')).length, 2, 'both host credentials are known secrets');
+  t.ok(knownSecrets.size > 100, `every minted token is a known secret (${knownSecrets.size} secrets)`);
+});
+
+checkNoLeaks(t);
