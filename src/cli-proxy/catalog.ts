@@ -1,5 +1,6 @@
 import { z } from 'zod';
-import { absolutePathSchema, describeIssues, upstreamUrlSchema, type ParseResult } from '../registry/schema.js';
+import { parseJsonWith, type ParseResult } from '../config/parse-json.js';
+import { absolutePathSchema, upstreamUrlSchema } from '../registry/schema.js';
 
 export const PROVIDER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$/;
@@ -47,21 +48,15 @@ export type Provider = z.infer<typeof providerSchema>;
 export type Catalog = z.infer<typeof catalogSchema>;
 
 export function parseCatalog(text: string): ParseResult<Catalog> {
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    return { ok: false, error: 'invalid JSON' };
-  }
-  const parsed = catalogSchema.safeParse(json);
-  if (!parsed.success) return { ok: false, error: `schema: ${describeIssues(parsed.error)}` };
+  const parsed = parseJsonWith(catalogSchema, text);
+  if (!parsed.ok) return parsed;
   const names = new Map<string, string>();
-  for (const [provider, p] of Object.entries(parsed.data)) {
+  for (const [provider, p] of Object.entries(parsed.value)) {
     for (const c of p.commands) {
       const other = names.get(c.name);
       if (other !== undefined) return { ok: false, error: `schema: command "${c.name}" is declared by two providers` };
       names.set(c.name, provider);
     }
   }
-  return { ok: true, value: parsed.data };
+  return parsed;
 }

@@ -2,6 +2,7 @@ import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
 import { parseCatalog, type Catalog } from '../cli-proxy/catalog.js';
 import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
+import { readConfigFile } from '../config/parse-json.js';
 import { defaultHandoffDir, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
 import { ConfigError } from '../errors.js';
 import { defaultUpstreamOptions } from '../http/dispatch.js';
@@ -13,7 +14,6 @@ import { cliSlot } from '../renew/wire.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
-import { readFile } from 'node:fs/promises';
 import { AGENTS, type AgentName } from './mcp-add.js';
 import { logLevel, parseAllowedUids, parseOption, positiveInt } from './options.js';
 
@@ -24,17 +24,8 @@ export function defaultShimDir(stateDir: string): string {
   return process.getuid?.() === 0 ? '/usr/local/lib/agent-connectors/shims' : resolve(stateDir, 'shims');
 }
 
-export async function loadCatalog(path: string): Promise<Catalog> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
-    throw err;
-  }
-  const parsed = parseCatalog(text);
-  if (!parsed.ok) throw new ConfigError(`${path} is invalid (${parsed.error})`);
-  return parsed.value;
+export function loadCatalog(path: string): Promise<Catalog> {
+  return readConfigFile(path, parseCatalog, {});
 }
 
 /** How to give an agent the shim directory (it needs only that directory first on PATH). */

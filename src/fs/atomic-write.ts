@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { lstat, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
+import { processAlive } from './process-alive.js';
 
 export interface AtomicWriteOptions {
   /** Final mode of the file; the temp file is created with it so it is never more open. */
@@ -94,18 +95,9 @@ export async function sweepStaleTemps(path: string): Promise<number> {
   for (const name of await readdir(dir).catch(() => [] as string[])) {
     if (!name.startsWith(prefix) || !name.endsWith('.tmp')) continue;
     const pid = Number(name.slice(prefix.length).split('.')[0]);
-    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || isAlive(pid)) continue;
+    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || processAlive(pid)) continue;
     await unlink(join(dir, name)).catch(() => undefined);
     removed += 1;
   }
   return removed;
-}
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }

@@ -1,18 +1,10 @@
 import { open, readFile, stat, unlink } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { processAlive } from './process-alive.js';
 
 export interface LockOptions {
   timeoutMs?: number;
   retryMs?: number;
-}
-
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /**

@@ -51,13 +51,17 @@ export function filterRawHeaders(raw: readonly string[], policy: HeaderPolicy): 
   for (let i = 0; i + 1 < raw.length; i += 2) {
     const name = (raw[i] as string).toLowerCase();
     if (!allowed(name, policy)) continue;
-    const value = raw[i + 1] as string;
-    const prev = out[name];
-    if (prev === undefined) out[name] = value;
-    else if (Array.isArray(prev)) prev.push(value);
-    else out[name] = [prev, value];
+    appendHeader(out, name, raw[i + 1] as string);
   }
   return out;
+}
+
+/** Adds a header, keeping repeats as an array so nothing the peer sent separately is merged. */
+function appendHeader(out: HeaderRecord, name: string, value: string): void {
+  const prev = out[name];
+  if (prev === undefined) out[name] = value;
+  else if (Array.isArray(prev)) prev.push(value);
+  else out[name] = [prev, value];
 }
 
 /** Same filter over an already-parsed record (undici's `headers` object). */
@@ -108,11 +112,7 @@ export function dropRawHeaders(raw: readonly string[], drop: ReadonlySet<string>
   for (let i = 0; i + 1 < raw.length; i += 2) {
     const name = (raw[i] as string).toLowerCase();
     if (HOP_BY_HOP.has(name) || drop.has(name) || named.has(name) || name.startsWith('x-forwarded-')) continue;
-    const value = raw[i + 1] as string;
-    const prev = out[name];
-    if (prev === undefined) out[name] = value;
-    else if (Array.isArray(prev)) prev.push(value);
-    else out[name] = [prev, value];
+    appendHeader(out, name, raw[i + 1] as string);
   }
   return out;
 }

@@ -1,21 +1,13 @@
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { dirname } from 'node:path';
+import { readConfigFile } from '../config/parse-json.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite, ownerFor } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import { instancesFileSchema, parseInstancesFile, describeIssues, type InstancesFile } from './schema.js';
 
-export async function readInstances(path: string): Promise<InstancesFile> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {};
-    throw err;
-  }
-  const parsed = parseInstancesFile(text);
-  if (!parsed.ok) throw new ConfigError(`${path} is invalid (${parsed.error}); fix or remove it first`);
-  return parsed.value;
+export function readInstances(path: string): Promise<InstancesFile> {
+  return readConfigFile(path, parseInstancesFile, {});
 }
 
 /**

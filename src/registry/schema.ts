@@ -1,6 +1,7 @@
 import { isAbsolute } from 'node:path';
 import { z } from 'zod';
 import { isLoopbackHostname } from '../http/loopback.js';
+import { parseJsonWith, type ParseResult } from '../config/parse-json.js';
 
 export const BINDING_ID = /^[A-Za-z0-9_-]{8,128}$/;
 
@@ -49,7 +50,7 @@ export function bindingPrefix(bindingId: string): string {
   return `${bindingId.slice(0, 4)}…`;
 }
 
-export type ParseResult<T> = { ok: true; value: T } | { ok: false; error: string };
+export type { ParseResult } from '../config/parse-json.js';
 
 /**
  * zod's own messages may quote the offending text (an unknown key's name, say); ours are
@@ -86,14 +87,5 @@ export function describeIssues(error: z.ZodError): string {
 }
 
 export function parseInstancesFile(text: string): ParseResult<InstancesFile> {
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    // V8's message quotes the text around the fault; keep file content out of logs.
-    return { ok: false, error: 'invalid JSON' };
-  }
-  const parsed = instancesFileSchema.safeParse(json);
-  if (!parsed.success) return { ok: false, error: `schema: ${describeIssues(parsed.error)}` };
-  return { ok: true, value: parsed.data };
+  return parseJsonWith(instancesFileSchema, text);
 }

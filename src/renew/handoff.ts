@@ -1,7 +1,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { describeIssues } from '../registry/schema.js';
+import { parseJsonWith } from '../config/parse-json.js';
 import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
 
 /**
@@ -60,18 +60,7 @@ export function emptySlotFile(slot: string): SlotFile {
   return { slot, tokenId: null, expiresAt: null, generation: 0 };
 }
 
-export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
-
-export function parseJsonWith<T>(schema: z.ZodType<T>, text: string): Parsed<T> {
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    return { ok: false, error: 'invalid JSON' };
-  }
-  const r = schema.safeParse(json);
-  return r.success ? { ok: true, value: r.data } : { ok: false, error: describeIssues(r.error) };
-}
+export { parseJsonWith };
 
 /** Reads every valid slot file; invalid ones are reported, not fatal. */
 export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[]; errors: Array<{ file: string; error: string }> }> {

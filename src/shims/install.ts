@@ -1,4 +1,4 @@
-import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Catalog } from '../cli-proxy/catalog.js';
 import { atomicWrite } from '../fs/atomic-write.js';
@@ -15,7 +15,8 @@ export interface InstallResult {
  * touched.
  */
 export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
-  await mkdir(dir, { recursive: true, mode: 0o755 });
+  // The Agent UID must be able to enter it whatever our umask (SPEC §2: 0755).
+  if ((await mkdir(dir, { recursive: true, mode: 0o755 })) !== undefined) await chmod(dir, 0o755);
   const shims = renderShims(catalog, dir, proxyUrl);
   const wanted = new Set(shims.map((s) => s.name));
   const written: string[] = [];
@@ -26,6 +27,8 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
   const removed: string[] = [];
   for (const name of await readdir(dir)) {
     if (wanted.has(name) || name.startsWith('.')) continue;
+    // Only regular files: an operator's symlink to a shim is theirs, and a FIFO would block.
+    if (!(await lstat(join(dir, name)).catch(() => undefined))?.isFile()) continue;
     const head = await readFile(join(dir, name), 'utf8').then((t) => t.slice(0, 200)).catch(() => '');
     if (head.includes(SHIM_MARKER)) {
       await unlink(join(dir, name));

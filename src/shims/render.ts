@@ -36,8 +36,9 @@ export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string)
         .join(cmd.name)
         .split('@PROVIDER@')
         .join(provider)
-        .replace('@SHIM_DIR@', shQuote(shimDir))
-        .replace('@EXPORTS@', exports);
+        // Replacer functions: a string replacement would interpret `$$`, `$&`… in catalog values.
+        .replace('@SHIM_DIR@', () => shQuote(shimDir))
+        .replace('@EXPORTS@', () => exports);
       out.push({ name: cmd.name, provider, script });
     }
   }
