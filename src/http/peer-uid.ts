@@ -23,12 +23,26 @@ function hexV6(address: string): string {
   return out.toUpperCase();
 }
 
-function endpoint(address: string, port: number): { file: string; key: string } {
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1];
-  const port16 = port.toString(16).toUpperCase().padStart(4, '0');
-  if (isIPv4(address)) return { file: '/proc/net/tcp', key: `${hexV4(address)}:${port16}` };
-  if (mapped) return { file: '/proc/net/tcp6', key: `0000000000000000FFFF0000${hexV4(mapped)}:${port16}` };
-  return { file: '/proc/net/tcp6', key: `${hexV6(address)}:${port16}` };
+function port16(port: number): string {
+  return port.toString(16).toUpperCase().padStart(4, '0');
+}
+
+/**
+ * Where the client's socket may be listed, and under which keys. An IPv4-mapped address
+ * (a v6 listener reached over IPv4) means the client's own socket is an IPv4 one, listed
+ * in /proc/net/tcp; an IPv6 client using a mapped address is listed in tcp6.
+ */
+function candidates(remote: string, remotePort: number, local: string, localPort: number): Array<{ file: string; client: string; server: string }> {
+  const v4 = (a: string): string | undefined => (isIPv4(a) ? a : /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(a)?.[1]);
+  const r4 = v4(remote);
+  const l4 = v4(local);
+  const out: Array<{ file: string; client: string; server: string }> = [];
+  if (r4 && l4) out.push({ file: '/proc/net/tcp', client: `${hexV4(r4)}:${port16(remotePort)}`, server: `${hexV4(l4)}:${port16(localPort)}` });
+  if (!isIPv4(remote)) {
+    const key6 = (a: string): string => (v4(a) ? `0000000000000000FFFF0000${hexV4(v4(a) as string)}` : hexV6(a));
+    out.push({ file: '/proc/net/tcp6', client: `${key6(remote)}:${port16(remotePort)}`, server: `${key6(local)}:${port16(localPort)}` });
+  }
+  return out;
 }
 
 /**
@@ -38,19 +52,19 @@ function endpoint(address: string, port: number): { file: string; key: string } 
  * to leak. Undefined when the entry is gone (client already closed) or unreadable.
  */
 export function peerUid(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, procRoot = ''): number | undefined {
-  const client = endpoint(remoteAddress, remotePort);
-  const server = endpoint(localAddress, localPort);
-  let table: string;
-  try {
-    table = readFileSync(procRoot + client.file, 'latin1');
-  } catch {
-    return undefined;
-  }
-  for (const line of table.split('\n')) {
-    const cols = line.trim().split(/\s+/);
-    if (cols[1] === client.key && cols[2] === server.key) {
-      const uid = Number(cols[7]);
-      return Number.isInteger(uid) ? uid : undefined;
+  for (const c of candidates(remoteAddress, remotePort, localAddress, localPort)) {
+    let table: string;
+    try {
+      table = readFileSync(procRoot + c.file, 'latin1');
+    } catch {
+      continue;
+    }
+    for (const line of table.split('\n')) {
+      const cols = line.trim().split(/\s+/);
+      if (cols[1] === c.client && cols[2] === c.server) {
+        const uid = Number(cols[7]);
+        return Number.isInteger(uid) ? uid : undefined;
+      }
     }
   }
   return undefined;
