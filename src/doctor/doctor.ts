@@ -25,6 +25,8 @@ export interface DoctorOptions {
   cliProxyUrl: string;
   systemd: boolean;
   passwdPath?: string;
+  /** The host credential file renew fetch loads (default /etc/agent-connectors/host-credential). */
+  credentialPath?: string;
   groupPath?: string;
   now?: number;
 }
@@ -125,6 +127,7 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
     [join(o.stateDir, 'cli-proxy', 'providers.json'), parseCatalog, 'catalog'],
   ];
   const tokenFiles = new Set<string>();
+  const neededSlots = new Set<string>();
   for (const [path, parse, what] of configFiles) {
     const text = await readFile(path, 'utf8').catch(() => undefined);
     if (text === undefined) {
@@ -138,7 +141,11 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
       continue;
     }
     add('ok', what, `${path} is valid`);
-    for (const entry of Object.values(parsed.value)) tokenFiles.add(entry.tokenFile);
+    for (const [key, entry] of Object.entries(parsed.value)) {
+      tokenFiles.add(entry.tokenFile);
+      const instanceId = (entry as { instanceId?: string }).instanceId;
+      neededSlots.add(what === 'registry' && instanceId ? `instance:${instanceId}` : `cli:${key}`);
+    }
   }
   for (const file of [...tokenFiles, ...(await readdir(join(o.handoffDir, 'inbox')).catch(() => [] as string[])).map((n) => join(o.handoffDir, 'inbox', n))]) {
     secrets.push(file);
@@ -149,6 +156,17 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
     }
     if (tokenFiles.has(file) && (st.mode & 0o777) !== 0o600) add('problem', 'tokens', `${file} has mode ${(st.mode & 0o777).toString(8)}, expected 600`, `chmod 600 ${file}`);
     else if (tokenFiles.has(file) && service && st.uid !== service.uid) add('problem', 'tokens', `${file} is not owned by agent-connectors`, `chown agent-connectors: ${file}`);
+  }
+
+  // fetch's host credential (LoadCredential= source) is a secret too
+  const credential = o.credentialPath ?? '/etc/agent-connectors/host-credential';
+  const credSt = await stat(credential).catch(() => undefined);
+  if (credSt) {
+    secrets.push(credential);
+    if ((credSt.mode & 0o077) !== 0) add('problem', 'credential', `${credential} has mode ${(credSt.mode & 0o777).toString(8)}; only root may read it`, `chmod 600 ${credential}`);
+    else add('ok', 'credential', `${credential} is readable by its owner only`);
+  } else if (o.systemd) {
+    add('warn', 'credential', `${credential} does not exist: renew fetch cannot start`, `install -m 600 /dev/stdin ${credential} <<< "$HOST_CREDENTIAL"`);
   }
 
   // 4. the Agent UID reads nothing secret
@@ -163,8 +181,12 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
     }
   }
 
-  // 5. token freshness from slot files
+  // 5. token freshness from slot files; every binding and provider needs one, or fetch never renews it
   const { slots, errors } = await readSlots(handoffPaths(o.handoffDir));
+  const known = new Set(slots.map((s) => s.slot));
+  for (const slot of neededSlots) {
+    if (!known.has(slot)) add('problem', 'renewal', `${slot} has no slot file: its token will never be renewed`, slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)');
+  }
   for (const e of errors) add('problem', 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(o.handoffDir, 'slots', e.file)}' and bind again`);
   for (const s of slots) {
     if (s.revoked) add('problem', 'renewal', `${s.slot} was revoked by the Gateway`, 'agent-connectors unbind <its bindings>');
@@ -186,7 +208,9 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   }
 
   // 7. units
-  if (o.systemd) {
+  if (o.systemd && !(await stat('/run/systemd/system').catch(() => undefined))) {
+    add('warn', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
+  } else if (o.systemd) {
     for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.path']) {
       const active = await execa('systemctl', ['is-active', unit], { reject: false });
       const state = active.stdout.trim() || 'unknown';

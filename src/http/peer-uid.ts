@@ -38,7 +38,9 @@ function candidates(remote: string, remotePort: number, local: string, localPort
   const l4 = v4(local);
   const out: Array<{ file: string; client: string; server: string }> = [];
   if (r4 && l4) out.push({ file: '/proc/net/tcp', client: `${hexV4(r4)}:${port16(remotePort)}`, server: `${hexV4(l4)}:${port16(localPort)}` });
-  if (!isIPv4(remote)) {
+  // Always also tcp6: an IPv6 client socket connected to ::ffff:127.0.0.1 (a JVM's
+  // default) reaches an IPv4 listener but is listed only in tcp6, with mapped addresses.
+  {
     const key6 = (a: string): string => (v4(a) ? `0000000000000000FFFF0000${hexV4(v4(a) as string)}` : hexV6(a));
     out.push({ file: '/proc/net/tcp6', client: `${key6(remote)}:${port16(remotePort)}`, server: `${key6(local)}:${port16(localPort)}` });
   }

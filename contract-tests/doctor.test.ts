@@ -1,0 +1,548 @@
+import { existsSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
+import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import t from 'tap';
+import { runDoctor, type Finding } from '../src/doctor/doctor.js';
+import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
+import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, startForwarder, tempDir, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
+import type { TapTest } from './helpers/tap-types.js';
+
+/*
+ * Issue 5 item 4: `agent-connectors doctor` checks users/groups, directory and file owners
+ * and modes, that the Agent UID cannot read any secret, ports, token freshness (slot
+ * files), registry and catalog validity; prints each finding with the command that fixes
+ * it; exits non-zero on a problem. A healthy fixture is built with the real users and the
+ * modes of units/tmpfiles.d, then each misconfiguration is seeded on its own copy.
+ */
+
+const isRoot = process.getuid?.() === 0;
+const SYSUSERS = join(REPO_ROOT, 'units/sysusers.d/agent-connectors.conf');
+const AGENT = 'nobody';
+
+function test(name: string, fn: (t: TapTest) => Promise<void>): void {
+  t.test(name, { skip: isRoot ? false : 'needs root (users, chown, setpriv)' }, fn);
+}
+
+interface Ids {
+  ac: number;
+  acGroup: number;
+  renew: number;
+}
+
+function idOf(args: string[]): number {
+  const r = spawnSync('id', args, { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`id ${args.join(' ')}: ${r.stderr}`);
+  return Number(r.stdout.trim());
+}
+
+function groupId(name: string): number {
+  const r = spawnSync('getent', ['group', name], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`no group ${name}`);
+  return Number(r.stdout.split(':')[2]);
+}
+
+/** The service users and groups, created on the host by the package's own sysusers.d file. */
+function ensureUsers(): Ids {
+  const r = spawnSync('systemd-sysusers', [SYSUSERS], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`systemd-sysusers ${SYSUSERS} exited ${r.status}: ${r.stderr}`);
+  return { ac: idOf(['-u', 'agent-connectors']), acGroup: idOf(['-g', 'agent-connectors']), renew: groupId('agent-connectors-renew') };
+}
+
+interface Fixture {
+  base: string;
+  stateDir: string;
+  fwdDir: string;
+  cliDir: string;
+  handoff: string;
+  inbox: string;
+  slots: string;
+  instancesPath: string;
+  providersPath: string;
+  tokenFile: string;
+  providerToken: string;
+  slotFile: string;
+}
+
+const HOUR = 3600_000;
+let counter = 0;
+
+function writeOwned(path: string, text: string, mode: number, uid: number, gid: number): void {
+  writeFileSync(path, text, { mode });
+  chmodSync(path, mode);
+  chownSync(path, uid, gid);
+}
+
+function dir(path: string, mode: number, uid: number, gid: number): void {
+  mkdirSync(path, { recursive: true });
+  chownSync(path, uid, gid);
+  chmodSync(path, mode);
+}
+
+function slotJson(slot: string, fields: Record<string, unknown> = {}): string {
+  return JSON.stringify({
+    slot,
+    tokenId: 'tid-doctor-1',
+    expiresAt: new Date(Date.now() + 6 * HOUR).toISOString(),
+    generation: 1,
+    appliedAt: new Date(Date.now() - HOUR).toISOString(),
+    ...fields,
+  });
+}
+
+/** A healthy installation under a fresh temp dir: SPEC §2 / units/tmpfiles.d modes and owners. */
+function buildFixture(ids: Ids): Fixture {
+  const base = tempDir('ac-doctor-');
+  // The parent of the state root is world-traversable, as /var/lib is.
+  chmodSync(base, 0o755);
+  const stateDir = join(base, 'state');
+  const fwdDir = join(stateDir, 'mcp-forwarder');
+  const cliDir = join(stateDir, 'cli-proxy');
+  const handoff = join(stateDir, 'handoff');
+  const inbox = join(handoff, 'inbox');
+  const slots = join(handoff, 'slots');
+  dir(stateDir, 0o750, ids.ac, ids.renew);
+  dir(fwdDir, 0o700, ids.ac, ids.acGroup);
+  dir(cliDir, 0o700, ids.ac, ids.acGroup);
+  dir(handoff, 0o2770, ids.ac, ids.renew);
+  dir(inbox, 0o2770, ids.ac, ids.renew);
+  dir(slots, 0o2770, ids.ac, ids.renew);
+
+  counter++;
+  const tokenFile = join(fwdDir, 'inst-a.token');
+  writeToken(tokenFile, `tok-doctor-fwd-${counter}-Q7x9`);
+  chownSync(tokenFile, ids.ac, ids.acGroup);
+  const providerToken = join(cliDir, 'notion.token');
+  writeToken(providerToken, `tok-doctor-cli-${counter}-Z3k8`);
+  chownSync(providerToken, ids.ac, ids.acGroup);
+
+  const instancesPath = join(fwdDir, 'instances.json');
+  writeOwned(instancesPath, JSON.stringify({ bind_doctor_0001: { instanceId: 'inst-a', upstreamUrl: 'https://gateway.example/mcp', tokenFile } }, null, 2), 0o600, ids.ac, ids.acGroup);
+  const providersPath = join(cliDir, 'providers.json');
+  writeOwned(
+    providersPath,
+    JSON.stringify({ notion: { upstream: 'https://api.notion.com/v1', tokenFile: providerToken, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' }, commands: [{ name: 'ntn' }] } }, null, 2),
+    0o600,
+    ids.ac,
+    ids.acGroup,
+  );
+  const slotFile = join(slots, 'instance:inst-a.json');
+  writeOwned(slotFile, slotJson('instance:inst-a'), 0o640, ids.ac, ids.renew);
+  writeOwned(join(slots, 'cli:notion.json'), slotJson('cli:notion'), 0o640, ids.ac, ids.renew);
+  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+  return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile };
+}
+
+interface DoctorRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  findings: Finding[];
+}
+
+/** Everything every doctor run printed, for the leak check. */
+const doctorOutput: string[] = [];
+
+async function doctor(args: string[]): Promise<DoctorRun> {
+  const child = spawn(process.execPath, [CLI, 'doctor', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NOTIFY_SOCKET: '' } });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const [code] = (await once(child, 'close')) as [number | null];
+  doctorOutput.push(stdout, stderr);
+  let findings: Finding[] = [];
+  if (args.includes('--json')) {
+    try {
+      findings = JSON.parse(stdout) as Finding[];
+    } catch {
+      throw new Error(`doctor --json printed no JSON (exit ${code}): ${stdout}\n${stderr}`);
+    }
+  }
+  return { code, stdout, stderr, findings };
+}
+
+const problems = (r: { findings: Finding[] }): Finding[] => r.findings.filter((f) => f.level === 'problem');
+
+/** Runs a shell command as `nobody` (no groups): can the Agent UID really read `path`? */
+function nobodyCanRead(path: string): boolean {
+  const r = spawnSync('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', 'cat', path], { encoding: 'utf8' });
+  return r.status === 0;
+}
+
+/** Applies a finding's fix when it is a plain chmod/chown of a fixture path (nothing outside it). */
+function applyFix(fix: string, fx: Fixture): void {
+  if (!/^(chmod|chown) /.test(fix) || fix.includes(';') || !fix.includes(fx.base)) throw new Error(`not a local chmod/chown fix: ${fix}`);
+  const r = spawnSync('/bin/sh', ['-c', fix], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`fix "${fix}" failed: ${r.stderr}`);
+}
+
+let ids: Ids = { ac: -1, acGroup: -1, renew: -1 };
+let fwd: ForwarderProc | undefined;
+let proxy: CliProxyProc | undefined;
+let healthy: Fixture | undefined;
+
+function baseArgs(fx: Fixture, extra: string[] = []): string[] {
+  return ['--state-dir', fx.stateDir, '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
+}
+
+/** One problem finding for `check` whose detail matches `detail`, with a fix; fails loudly otherwise. */
+function findProblem(tt: TapTest, run: DoctorRun, check: string, detail: RegExp): Finding | undefined {
+  const f = problems(run).find((p) => p.check === check && detail.test(p.detail));
+  tt.ok(f, `a ${check} problem matching ${detail} (got ${JSON.stringify(problems(run))})`);
+  if (f) tt.ok(typeof f.fix === 'string' && f.fix.length > 0, `${check}: it names a fix`);
+  return f;
+}
+
+test('setup: users from units/sysusers.d, a healthy fixture, a running forwarder and cli-proxy', async (tt) => {
+  ids = ensureUsers();
+  tt.ok(ids.ac > 0, `agent-connectors exists (uid ${ids.ac})`);
+  tt.ok(ids.renew > 0, `agent-connectors-renew exists (gid ${ids.renew})`);
+  healthy = buildFixture(ids);
+  // Started on the root tap object: they serve every subtest below.
+  fwd = await startForwarder(t, { stateDir: healthy.stateDir });
+  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  proxy = await startCliProxy(t, { stateDir: healthy.stateDir });
+  await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1);
+  tt.ok(fwd.port > 0 && proxy.port > 0, 'both listening');
+});
+
+test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
+  if (!healthy) throw new Error('no fixture');
+  const run = await doctor(baseArgs(healthy));
+  tt.equal(run.code, 0, `exit 0 (stderr: ${run.stderr})`);
+  tt.same(problems(run), [], 'no problem');
+  tt.same(run.findings.filter((f) => f.level === 'warn'), [], 'no warning either');
+  const checks = new Set(run.findings.map((f) => f.check));
+  for (const c of ['users', 'directories', 'registry', 'catalog', 'agent user', 'renewal', 'ports']) tt.ok(checks.has(c), `checked: ${c}`);
+  tt.notOk(checks.has('units'), '--no-systemd skips the units');
+  tt.equal(run.findings.filter((f) => f.check === 'directories' && f.level === 'ok').length, 6, 'all six directories ok');
+  tt.equal(run.findings.filter((f) => f.check === 'renewal' && f.level === 'ok').length, 2, 'both slots fresh');
+  tt.equal(run.findings.filter((f) => f.check === 'ports' && f.level === 'ok').length, 2, 'both ports answer');
+  // doctor's verdict agrees with what nobody can actually do.
+  for (const p of [healthy.tokenFile, healthy.providerToken, healthy.instancesPath, healthy.providersPath]) tt.notOk(nobodyCanRead(p), `nobody really cannot read ${p}`);
+
+  const text = await doctor(baseArgs(healthy).filter((a) => a !== '--json'));
+  tt.equal(text.code, 0);
+  tt.match(text.stdout, /no problems\n$/, 'text output ends with "no problems"');
+  tt.notMatch(text.stdout, /FAIL/);
+});
+
+test('token file mode 0644 inside the protected state dir: tokens problem with chmod 600; nobody still cannot read it', async (tt) => {
+  const fx = buildFixture(ids);
+  chmodSync(fx.tokenFile, 0o644);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1, 'exit 1');
+  const f = findProblem(tt, run, 'tokens', /mode 644/);
+  tt.equal(f?.fix, `chmod 600 ${fx.tokenFile}`);
+  tt.notOk(nobodyCanRead(fx.tokenFile), 'nobody cannot traverse the 0750 state dir');
+  tt.notOk(problems(run).some((p) => p.check === 'agent user'), 'so no agent-user problem');
+  if (f?.fix) applyFix(f.fix, fx);
+  const again = await doctor(baseArgs(fx));
+  tt.equal(again.code, 0, 'after the fix: exit 0');
+  tt.same(problems(again), []);
+});
+
+test('token file 0644 where nobody can reach it: tokens problem and an agent-user problem', async (tt) => {
+  const fx = buildFixture(ids);
+  const exposedDir = join(fx.base, 'exposed');
+  dir(exposedDir, 0o755, ids.ac, ids.acGroup);
+  const exposed = join(exposedDir, 'inst-a.token');
+  writeToken(exposed, 'tok-doctor-exposed-W4v2');
+  chownSync(exposed, ids.ac, ids.acGroup);
+  chmodSync(exposed, 0o644);
+  writeOwned(fx.instancesPath, JSON.stringify({ bind_doctor_0001: { instanceId: 'inst-a', upstreamUrl: 'https://gateway.example/mcp', tokenFile: exposed } }), 0o600, ids.ac, ids.acGroup);
+  tt.ok(nobodyCanRead(exposed), 'nobody really can read it (setpriv cat)');
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  const tok = findProblem(tt, run, 'tokens', /mode 644/);
+  tt.match(tok?.fix ?? '', /^chmod 600 /);
+  const agent = findProblem(tt, run, 'agent user', new RegExp(`nobody can read ${exposed.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`));
+  tt.match(agent?.fix ?? '', /chmod o-rwx/, 'the fix removes the other-read bit');
+  tt.match(agent?.fix ?? '', exposed);
+  tt.same(leakedSecrets(run.stdout), [], 'the token itself is never printed');
+  if (tok?.fix) applyFix(tok.fix, fx);
+  tt.notOk(nobodyCanRead(exposed), 'after the fix nobody cannot read it');
+  const again = await doctor(baseArgs(fx));
+  tt.same(problems(again), [], 'after the fix: no problem');
+});
+
+test('world-readable registry in traversable directories: directory problems and agent user can read instances.json', async (tt) => {
+  const fx = buildFixture(ids);
+  chmodSync(fx.stateDir, 0o755);
+  chmodSync(fx.fwdDir, 0o755);
+  chmodSync(fx.instancesPath, 0o644);
+  tt.ok(nobodyCanRead(fx.instancesPath), 'nobody really can read it');
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.equal(findProblem(tt, run, 'directories', new RegExp(`^${fx.stateDir} has mode 755, expected 750`))?.fix, `chmod 750 ${fx.stateDir}`);
+  tt.equal(findProblem(tt, run, 'directories', new RegExp(`^${fx.fwdDir} has mode 755, expected 700`))?.fix, `chmod 700 ${fx.fwdDir}`);
+  findProblem(tt, run, 'agent user', /nobody can read .*instances\.json$/);
+});
+
+test('a directory with a wrong mode (each of the six), with the chmod that fixes it', async (tt) => {
+  const cases: Array<[keyof Fixture, number, string]> = [
+    ['stateDir', 0o755, '750'],
+    ['fwdDir', 0o750, '700'],
+    ['cliDir', 0o711, '700'],
+    ['handoff', 0o770, '2770'],
+    ['inbox', 0o2775, '2770'],
+    ['slots', 0o777, '2770'],
+  ];
+  // Each on its own fixture, all at once (a doctor run is a process start).
+  await Promise.all(
+    cases.map(async ([key, bad, want]) => {
+      const fx = buildFixture(ids);
+      const path = fx[key];
+      chmodSync(path, bad);
+      const run = await doctor(baseArgs(fx));
+      tt.equal(run.code, 1, `${key} ${bad.toString(8)}: exit 1`);
+      const f = findProblem(tt, run, 'directories', new RegExp(`^${path} has mode ${bad.toString(8)}, expected ${want}$`));
+      tt.equal(f?.fix, `chmod ${want} ${path}`, `${key}: chmod ${want}`);
+      if (f?.fix) applyFix(f.fix, fx);
+      tt.same(problems(await doctor(baseArgs(fx))), [], `${key}: fixed by its fix`);
+    }),
+  );
+});
+
+test('a directory owned by the wrong user or group, with the chown that fixes it', async (tt) => {
+  const fx = buildFixture(ids);
+  chownSync(fx.fwdDir, 0, 0);
+  chownSync(fx.slots, ids.ac, ids.acGroup);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.equal(findProblem(tt, run, 'directories', new RegExp(`^${fx.fwdDir} is not owned by agent-connectors:agent-connectors$`))?.fix, `chown agent-connectors:agent-connectors ${fx.fwdDir}`);
+  tt.equal(findProblem(tt, run, 'directories', new RegExp(`^${fx.slots} is not owned by agent-connectors:agent-connectors-renew$`))?.fix, `chown agent-connectors:agent-connectors-renew ${fx.slots}`);
+  for (const f of problems(run)) if (f.fix) applyFix(f.fix, fx);
+  tt.same(problems(await doctor(baseArgs(fx))), [], 'fixed by its fixes');
+});
+
+test('a missing directory → systemd-tmpfiles fix', async (tt) => {
+  const fx = buildFixture(ids);
+  rmSync(fx.inbox, { recursive: true });
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.match(findProblem(tt, run, 'directories', /inbox is missing$/)?.fix ?? '', /^systemd-tmpfiles --create /);
+});
+
+test('a token file owned by root (mode 600) → chown agent-connectors', async (tt) => {
+  const fx = buildFixture(ids);
+  chownSync(fx.providerToken, 0, 0);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  const f = findProblem(tt, run, 'tokens', /not owned by agent-connectors/);
+  tt.match(f?.fix ?? '', /^chown agent-connectors/);
+  tt.match(f?.fix ?? '', fx.providerToken);
+  if (f?.fix) applyFix(f.fix, fx);
+  tt.same(problems(await doctor(baseArgs(fx))), [], 'fixed by its fix');
+});
+
+test('a token file named by the registry that does not exist → points at the renewal logs', async (tt) => {
+  const fx = buildFixture(ids);
+  rmSync(fx.tokenFile);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.match(findProblem(tt, run, 'tokens', /does not exist/)?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+});
+
+test('a missing user, a missing group, a user not in the group (in-process, fake passwd/group)', async (tt) => {
+  const fx = buildFixture(ids);
+  const dirs = tempDir('ac-doctor-accounts-');
+  tt.teardown(() => rmSync(dirs, { recursive: true, force: true }));
+  const passwd = readFileSync('/etc/passwd', 'utf8');
+  const group = readFileSync('/etc/group', 'utf8');
+  const without = (text: string, name: string): string => text.split('\n').filter((l) => !l.startsWith(`${name}:`)).join('\n');
+  const write = (name: string, text: string): string => {
+    const p = join(dirs, name);
+    writeFileSync(p, text);
+    return p;
+  };
+  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, agentUser: AGENT, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
+
+  const baseline = await runDoctor({ ...common, passwdPath: write('passwd', passwd), groupPath: write('group', group) });
+  tt.same(baseline.filter((f) => f.level === 'problem'), [], 'the unchanged copies: no problem');
+
+  const noUser = await runDoctor({ ...common, passwdPath: write('passwd-no-user', without(passwd, 'agent-connectors')), groupPath: write('group', group) });
+  const u = noUser.find((f) => f.level === 'problem' && f.check === 'users' && /user agent-connectors is missing/.test(f.detail));
+  tt.ok(u, 'missing user found');
+  tt.match(u?.fix ?? '', /^systemd-sysusers /, 'fix: systemd-sysusers');
+
+  const noGroup = await runDoctor({ ...common, passwdPath: write('passwd', passwd), groupPath: write('group-no-renew', without(group, 'agent-connectors-renew')) });
+  const g = noGroup.find((f) => f.level === 'problem' && f.check === 'users' && /group agent-connectors-renew is missing/.test(f.detail));
+  tt.ok(g, 'missing group found');
+  tt.match(g?.fix ?? '', /^systemd-sysusers /);
+
+  const notMember = group
+    .split('\n')
+    .map((l) => (l.startsWith('agent-connectors-renew:') ? l.split(':').slice(0, 3).join(':') + ':' : l))
+    .join('\n');
+  const noMember = await runDoctor({ ...common, passwdPath: write('passwd', passwd), groupPath: write('group-no-member', notMember) });
+  const m = noMember.find((f) => f.level === 'problem' && f.check === 'users' && /not in group agent-connectors-renew/.test(f.detail));
+  tt.ok(m, 'missing membership found');
+  tt.equal(m?.fix, 'usermod -aG agent-connectors-renew agent-connectors');
+
+  const noAgent = await runDoctor({ ...common, passwdPath: write('passwd-no-nobody', without(passwd, AGENT)), groupPath: write('group', group) });
+  tt.ok(noAgent.some((f) => f.level === 'problem' && f.check === 'agent user' && /no such user nobody/.test(f.detail)), 'an unknown agent user is a problem');
+});
+
+test('an agent user in the hand-off group (fake group file, in-process) can read the inbox and its files: flagged', async (tt) => {
+  const fx = buildFixture(ids);
+  const inboxFile = join(fx.inbox, 'instance:inst-a.json');
+  // fetch writes inbox files 0640 with the setgid group: a 200 body carrying a token.
+  writeOwned(inboxFile, JSON.stringify({ slot: 'instance:inst-a', tokenId: 'tid-2', token: 'tok-doctor-inbox-P5s1', expiresAt: new Date(Date.now() + 6 * HOUR).toISOString(), credentialGeneration: 1 }), 0o640, ids.ac, ids.renew);
+  const files = tempDir('ac-doctor-accounts-');
+  tt.teardown(() => rmSync(files, { recursive: true, force: true }));
+  const group = readFileSync('/etc/group', 'utf8')
+    .split('\n')
+    .map((l) => (l.startsWith('agent-connectors-renew:') ? `${l}${l.endsWith(':') ? '' : ','}${AGENT}` : l))
+    .join('\n');
+  writeFileSync(join(files, 'group'), group);
+  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false, groupPath: join(files, 'group') };
+  const findings = await runDoctor({ ...common, agentUser: AGENT });
+  const readable = findings.filter((f) => f.level === 'problem' && f.check === 'agent user').map((f) => f.detail);
+  tt.ok(readable.some((d) => d.endsWith(`can read ${fx.inbox}`)), `the inbox directory is flagged (got ${JSON.stringify(readable)})`);
+  tt.ok(readable.some((d) => d.endsWith(`can read ${inboxFile}`)), 'the inbox file is flagged');
+  tt.notOk(readable.some((d) => d.includes(fx.tokenFile)), 'the 0600 token file is not');
+  // With the real group file nobody is not in the group: nothing readable.
+  const real = await runDoctor({ ...common, groupPath: '/etc/group', agentUser: AGENT });
+  tt.same(real.filter((f) => f.check === 'agent user' && f.level === 'problem'), [], 'real membership: nothing readable');
+});
+
+test('a registry binding and a catalog provider with no slot file: renewal will never renew them → not reported as fine', async (tt) => {
+  // SPEC §4: fetch renews only the slots that have slots/<slot>.json (bind creates it).
+  // Without one the binding's token is never renewed and silently expires.
+  const fx = buildFixture(ids);
+  rmSync(fx.slotFile);
+  rmSync(join(fx.slots, 'cli:notion.json'));
+  const run = await doctor(baseArgs(fx));
+  const about = (slot: string): Finding | undefined => run.findings.find((f) => f.level !== 'ok' && f.detail.includes(slot));
+  tt.ok(about('instance:inst-a') ?? run.findings.find((f) => f.level !== 'ok' && f.detail.includes('inst-a')), `the binding without a slot is reported (findings: ${JSON.stringify(run.findings.filter((f) => f.level !== 'ok'))})`);
+  tt.ok(about('cli:notion') ?? run.findings.find((f) => f.level !== 'ok' && f.detail.includes('notion')), 'the provider without a slot is reported');
+});
+
+test('an unknown --agent-user on the command line → problem, exit 1', async (tt) => {
+  if (!healthy) throw new Error('no fixture');
+  const run = await doctor(baseArgs(healthy).map((a) => (a === AGENT ? 'no-such-agent-user' : a)));
+  tt.equal(run.code, 1);
+  tt.ok(problems(run).some((p) => p.check === 'agent user' && /no-such-agent-user/.test(p.detail)));
+});
+
+test('a stale token: slot expiresAt in the past', async (tt) => {
+  const fx = buildFixture(ids);
+  const expired = new Date(Date.now() - 5 * 60_000).toISOString();
+  writeOwned(fx.slotFile, slotJson('instance:inst-a', { expiresAt: expired }), 0o640, ids.ac, ids.renew);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  const f = findProblem(tt, run, 'renewal', /instance:inst-a token expired at/);
+  tt.match(f?.detail ?? '', expired);
+  tt.match(f?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+  tt.ok(run.findings.some((x) => x.level === 'ok' && x.check === 'renewal' && /cli:notion/.test(x.detail)), 'the other slot is still fine');
+});
+
+test('a slot never renewed (tokenId null)', async (tt) => {
+  const fx = buildFixture(ids);
+  writeOwned(fx.slotFile, JSON.stringify({ slot: 'instance:inst-a', tokenId: null, expiresAt: null, generation: 0 }), 0o640, ids.ac, ids.renew);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.match(findProblem(tt, run, 'renewal', /instance:inst-a has never received a token/)?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+});
+
+test('a revoked slot', async (tt) => {
+  const fx = buildFixture(ids);
+  writeOwned(fx.slotFile, slotJson('instance:inst-a', { revoked: true }), 0o640, ids.ac, ids.renew);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.match(findProblem(tt, run, 'renewal', /instance:inst-a was revoked/)?.fix ?? '', /agent-connectors unbind/);
+});
+
+test('an invalid slot file', async (tt) => {
+  const fx = buildFixture(ids);
+  writeOwned(fx.slotFile, '{"slot":"instance:inst-a",', 0o640, ids.ac, ids.renew);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  tt.match(findProblem(tt, run, 'renewal', /instance:inst-a\.json is invalid/)?.fix ?? '', /^rm /);
+});
+
+test('a bad registry: invalid JSON, and valid JSON that breaks the schema', async (tt) => {
+  for (const [what, text, detail] of [
+    ['invalid JSON', '{"bind_doctor_0001": {', /invalid JSON/],
+    ['schema', JSON.stringify({ bind_doctor_0001: { instanceId: 'inst-a', upstreamUrl: 'http://gateway.example/mcp', tokenFile: '/x' } }), /schema/],
+  ] as const) {
+    const fx = buildFixture(ids);
+    writeOwned(fx.instancesPath, text, 0o600, ids.ac, ids.acGroup);
+    const run = await doctor(baseArgs(fx));
+    tt.equal(run.code, 1, `${what}: exit 1`);
+    const f = findProblem(tt, run, 'registry', detail);
+    tt.match(f?.detail ?? '', fx.instancesPath, `${what}: names the file`);
+    tt.match(f?.fix ?? '', fx.instancesPath, `${what}: the fix names the file`);
+  }
+});
+
+test('a bad catalog: invalid JSON, and a provider without inject', async (tt) => {
+  for (const [what, text, detail] of [
+    ['invalid JSON', 'not json', /invalid JSON/],
+    ['schema', JSON.stringify({ notion: { upstream: 'https://api.notion.com/v1', tokenFile: '/x' } }), /schema/],
+  ] as const) {
+    const fx = buildFixture(ids);
+    writeOwned(fx.providersPath, text, 0o600, ids.ac, ids.acGroup);
+    const run = await doctor(baseArgs(fx));
+    tt.equal(run.code, 1, `${what}: exit 1`);
+    const f = findProblem(tt, run, 'catalog', detail);
+    tt.match(f?.fix ?? '', fx.providersPath, `${what}: the fix names the file`);
+  }
+});
+
+test('a stopped forwarder / cli-proxy (port closed) → ports problem with systemctl start', async (tt) => {
+  if (!healthy) throw new Error('no fixture');
+  const srv = createServer();
+  srv.listen(0, '127.0.0.1');
+  await once(srv, 'listening');
+  const closedPort = (srv.address() as AddressInfo).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  const closed = `http://127.0.0.1:${closedPort}`;
+
+  const run = await doctor(baseArgs(healthy).map((a) => (a === fwd?.base ? closed : a)));
+  tt.equal(run.code, 1);
+  tt.equal(findProblem(tt, run, 'ports', /forwarder does not answer/)?.fix, 'systemctl start agent-connectors-forwarder');
+  tt.ok(run.findings.some((f) => f.level === 'ok' && f.check === 'ports' && /cli-proxy answers/.test(f.detail)), 'the cli-proxy still answers');
+
+  const run2 = await doctor(baseArgs(healthy).map((a) => (a === proxy?.base ? closed : a)));
+  tt.equal(run2.code, 1);
+  tt.equal(findProblem(tt, run2, 'ports', /cli-proxy does not answer/)?.fix, 'systemctl start agent-connectors-cli-proxy');
+});
+
+test('text output: each problem marked FAIL with its fix line, and a problem count', async (tt) => {
+  const fx = buildFixture(ids);
+  chmodSync(fx.tokenFile, 0o640);
+  chmodSync(fx.cliDir, 0o755);
+  const run = await doctor(baseArgs(fx).filter((a) => a !== '--json'));
+  tt.equal(run.code, 1);
+  tt.match(run.stdout, new RegExp(`FAIL  tokens: ${fx.tokenFile} has mode 640, expected 600\\n      fix: chmod 600 ${fx.tokenFile}\\n`));
+  tt.match(run.stdout, new RegExp(`FAIL  directories: ${fx.cliDir} has mode 755, expected 700\\n      fix: chmod 700 ${fx.cliDir}\\n`));
+  tt.match(run.stdout, /\n2 problem\(s\)\n$/);
+});
+
+test('units are checked unless --no-systemd: each unit finding has a fix', async (tt) => {
+  if (!healthy) throw new Error('no fixture');
+  const run = await doctor(baseArgs(healthy).filter((a) => a !== '--no-systemd'));
+  const units = run.findings.filter((f) => f.check === 'units');
+  if (!existsSync('/run/systemd/system')) {
+    // No systemd as PID 1 here (CI, containers): one warning that says so, not four failures.
+    tt.equal(units.length, 1, 'one unit finding');
+    tt.equal(units[0]?.level, 'warn');
+    tt.match(units[0]?.detail ?? '', /systemd is not running/);
+    return;
+  }
+  tt.equal(units.length, 4, 'four units checked');
+  for (const u of units.filter((f) => f.level === 'problem')) tt.ok(u.fix, `${u.detail}: has a fix`);
+  tt.equal(run.code, units.some((f) => f.level === 'problem') ? 1 : 0, 'exit code follows the unit findings');
+});
+
+test('doctor never prints a token', async (tt) => {
+  tt.ok(doctorOutput.length > 0);
+  tt.same(leakedSecrets(doctorOutput.join('\n')), [], 'no known token in any doctor output');
+});
+
+if (isRoot) checkNoLeaks(t);
