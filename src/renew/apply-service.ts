@@ -1,4 +1,5 @@
 import { mkdir } from 'node:fs/promises';
+import { basename } from 'node:path';
 import { watch } from 'chokidar';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
@@ -30,7 +31,9 @@ export function createApplyService(deps: { config: ApplyConfig; apply: ApplyDeps
         await once();
         return;
       }
-      const watcher = watch(deps.apply.paths.inbox, { ignoreInitial: true, depth: 0 });
+      // fetch's temp files are 0600 until renamed: ignore them, and never die of a watch error.
+      const watcher = watch(deps.apply.paths.inbox, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
+      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
       await new Promise<void>((r) => watcher.once('ready', () => r()));
       await deps.notifier.ready('watching inbox');
       try {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { readdir, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { watch } from 'chokidar';
 import type { Logger } from '../log/logger.js';
 import type { Notifier } from '../service/sd-notify.js';
@@ -186,7 +186,10 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
           return;
         }
         await notifier.ready('renewing');
-        const watcher = watch(paths.slots, { ignoreInitial: true, depth: 0 });
+        // Dot files are writers' temps (0600 until renamed: unreadable to us, and chokidar
+        // would emit EACCES for them); an error on the watch must never kill the loop.
+        const watcher = watch(paths.slots, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
+        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching slots/ failed; falling back to periodic scans'));
         try {
           await runLoop({
             name: 'renew-fetch',

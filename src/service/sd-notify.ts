@@ -42,6 +42,8 @@ export function createNotifier(options: NotifierOptions = {}): Notifier {
         extendEnv: false,
         stdin: 'ignore',
         timeout: 5000,
+        // execa's cleanup installs signal handlers that would swallow the watchdog's SIGABRT.
+        cleanup: false,
       });
     } catch (err) {
       options.log?.warn({ err: { message: (err as Error).message.split('\n')[0] } }, 'sd_notify failed');

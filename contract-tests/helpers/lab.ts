@@ -1,0 +1,271 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { execa } from 'execa';
+import { REPO_ROOT } from './forwarder-proc.js';
+
+/**
+ * The workplace's systemd lab (`../shared/systemd-lab/`, beside the repo; CI has a
+ * read-only copy there): a throw-away systemd 252 booted as PID 1 of private namespaces.
+ * These helpers boot it once, keep it up while a test drives it step by step through
+ * `nsenter` (the same way the lab script runs its own command), and tear it down.
+ */
+export const LAB_DIR = process.env.SYSTEMD_LAB_DIR ?? resolve(REPO_ROOT, '../shared/systemd-lab');
+export const LAB_SCRIPT = join(LAB_DIR, 'lab-systemd.sh');
+export const VERIFY_UNITS = join(LAB_DIR, 'verify-units.sh');
+
+/** The units' fixed loopback ports (shared with the host: the lab shares its network). */
+export const FORWARDER_PORT = 14323;
+export const CLI_PROXY_PORT = 14324;
+
+/** A PATH that finds every tool inside the lab and on the host, and nothing of the test runner's. */
+const CLEAN_ENV: Record<string, string> = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LANG: 'C.UTF-8' };
+
+export interface RunResult {
+  code: number | undefined;
+  stdout: string;
+  stderr: string;
+  timedOut: boolean;
+}
+
+/** Runs a host command to the end with a clean environment; never throws for a non-zero exit. */
+export async function run(file: string, args: readonly string[], opts: { env?: Record<string, string>; timeoutMs?: number; cwd?: string } = {}): Promise<RunResult> {
+  const r = await execa(file, args, {
+    env: { ...CLEAN_ENV, ...opts.env },
+    extendEnv: false,
+    reject: false,
+    stdin: 'ignore',
+    timeout: opts.timeoutMs ?? 60_000,
+    cwd: opts.cwd ?? REPO_ROOT,
+    stripFinalNewline: false,
+  });
+  return { code: r.exitCode, stdout: String(r.stdout), stderr: String(r.stderr), timedOut: Boolean(r.timedOut) };
+}
+
+/** Why the lab cannot run here, or undefined when it can. */
+export function labSkipReason(): string | undefined {
+  if (process.getuid?.() !== 0) return 'the systemd lab needs root (CI runs as root)';
+  if (!existsSync(LAB_SCRIPT)) return `the systemd lab is not at ${LAB_SCRIPT} (expected ../shared/systemd-lab beside the repo)`;
+  return undefined;
+}
+
+/** Why `systemd-analyze` checks cannot run here, or undefined when they can. */
+export function verifySkipReason(): string | undefined {
+  if (!existsSync(VERIFY_UNITS)) return `verify-units.sh is not at ${VERIFY_UNITS} (expected ../shared/systemd-lab beside the repo)`;
+  if (!['/usr/bin/systemd-analyze', '/bin/systemd-analyze'].some((p) => existsSync(p))) return 'systemd-analyze is not installed';
+  return undefined;
+}
+
+/** True when nothing listens on 127.0.0.1:port (checked by binding it for a moment). */
+export async function portFree(port: number): Promise<boolean> {
+  return new Promise((done) => {
+    const srv = createServer();
+    srv.once('error', () => done(false));
+    srv.listen(port, '127.0.0.1', () => srv.close(() => done(true)));
+  });
+}
+
+export interface SystemUser {
+  name: string;
+  uid: number;
+  gid: number;
+}
+
+/** uid/gid of a user, or undefined if there is none. */
+export async function lookupUser(name: string): Promise<SystemUser | undefined> {
+  const u = await run('id', ['-u', name]);
+  const g = await run('id', ['-g', name]);
+  if (u.code !== 0 || g.code !== 0) return undefined;
+  return { name, uid: Number(u.stdout.trim()), gid: Number(g.stdout.trim()) };
+}
+
+export async function groupId(name: string): Promise<number | undefined> {
+  const r = await run('getent', ['group', name]);
+  if (r.code !== 0) return undefined;
+  const gid = Number(r.stdout.split(':')[2]);
+  return Number.isInteger(gid) ? gid : undefined;
+}
+
+/**
+ * A system user with no home and no shell, created if missing and deliberately left in
+ * place (creating is idempotent; removing one while a parallel test file still uses it
+ * would be racy, and an account without a shell or home grants nothing).
+ */
+export async function ensureSystemUser(name: string): Promise<SystemUser> {
+  const found = await lookupUser(name);
+  if (found) return found;
+  const r = await run('useradd', ['--system', '--user-group', '--no-create-home', '--shell', '/usr/sbin/nologin', name]);
+  const created = await lookupUser(name);
+  if (!created) throw new Error(`could not create user ${name}: useradd exited ${r.code}: ${r.stderr}`);
+  if (created.uid === 0) throw new Error(`user ${name} has uid 0`);
+  return created;
+}
+
+/** `systemd-analyze security --offline=true` exposure score of one unit file. */
+export async function exposureScore(unitFile: string): Promise<{ score: number | undefined; output: string }> {
+  const r = await run('systemd-analyze', ['security', '--offline=true', '--no-pager', unitFile], { env: { SYSTEMD_COLORS: '0' } });
+  const output = r.stdout + r.stderr;
+  const m = /Overall exposure level for \S+: (\d+(?:\.\d+)?)/.exec(output);
+  return { score: m ? Number(m[1]) : undefined, output };
+}
+
+export async function systemdVersion(): Promise<string> {
+  const r = await run('systemd-analyze', ['--version']);
+  return /systemd (\d+)/.exec(r.stdout)?.[1] ?? 'unknown';
+}
+
+/** Parses `systemctl show` KEY=VALUE output. */
+export function parseShow(text: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of text.split('\n')) {
+    const i = line.indexOf('=');
+    if (i > 0) out[line.slice(0, i)] = line.slice(i + 1);
+  }
+  return out;
+}
+
+export interface LabOptions {
+  /** The units under test (the lab's only unit path). */
+  unitDir: string;
+  /** Shown inside at appMount. */
+  appDir: string;
+  appMount: string;
+  /** Scratch dir for the lab (stubs, console.log). */
+  work: string;
+  /** Hard limit for the whole lab, seconds (the lab script runs under `timeout -k 5`). */
+  limitS?: number;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * One booted lab. Its own command only waits for a stop file, so the lab stays up while
+ * the test runs commands inside it with `exec` (nsenter into systemd's namespaces).
+ */
+export class Lab {
+  readonly output: string[] = [];
+  readonly exited: Promise<number | null>;
+  hostPid = 0;
+  private readonly stopFile: string;
+
+  private constructor(
+    readonly opts: LabOptions,
+    private readonly child: ChildProcess,
+  ) {
+    this.stopFile = join(opts.work, 'lab-stop');
+    const collect = (line: string): void => void this.output.push(line);
+    createInterface({ input: child.stdout! }).on('line', collect);
+    createInterface({ input: child.stderr! }).on('line', collect);
+    this.exited = new Promise((r) => child.once('exit', (code) => r(code)));
+  }
+
+  get consoleLogPath(): string {
+    return join(this.opts.work, 'console.log');
+  }
+
+  /** systemd's console (its own log; with `systemctl log-level debug`, every state change). */
+  consoleLog(): string {
+    try {
+      return readFileSync(this.consoleLogPath, 'utf8');
+    } catch {
+      return '';
+    }
+  }
+
+  /**
+   * Waits until systemd's console (from offset `from`, carriage returns removed) matches
+   * `pattern` (it reaches the file through a pty, a moment after the event); returns the
+   * text either way, for the assertion and its diagnostics.
+   */
+  async waitConsole(from: number, pattern: RegExp, timeoutMs = 5000): Promise<{ ok: boolean; text: string }> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const text = this.consoleLog().slice(from).replace(/\r/g, '');
+      if (pattern.test(text)) return { ok: true, text };
+      if (Date.now() > deadline) return { ok: false, text };
+      await sleep(100);
+    }
+  }
+
+  static async boot(opts: LabOptions): Promise<Lab> {
+    const stopFile = join(opts.work, 'lab-stop');
+    const child = spawn('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
+      env: { ...CLEAN_ENV, UNIT_DIR: opts.unitDir, APP_DIR: opts.appDir, APP_MOUNT: opts.appMount, WORK: opts.work, RUN_TIMEOUT: String((opts.limitS ?? 170) - 10) },
+      stdio: ['ignore', 'pipe', 'pipe'],
+      cwd: opts.work,
+    });
+    const lab = new Lab(opts, child);
+    const deadline = Date.now() + 40_000;
+    for (;;) {
+      const line = lab.output.find((l) => l.startsWith('# lab systemd host-pid='));
+      const m = line ? /host-pid=(\d+) state=(\S*)/.exec(line) : null;
+      if (m) {
+        lab.hostPid = Number(m[1]);
+        if (m[2] === 'running' || m[2] === 'degraded') return lab;
+        await lab.shutdown();
+        throw new Error(`lab systemd is ${m[2]}, not running:\n${lab.output.join('\n')}\n${lab.consoleLog().slice(-4000)}`);
+      }
+      if (child.exitCode !== null || Date.now() > deadline) {
+        child.kill('SIGTERM');
+        throw new Error(`the lab did not boot (exit ${child.exitCode}):\n${lab.output.join('\n')}\n${lab.consoleLog().slice(-4000)}`);
+      }
+      await sleep(50);
+    }
+  }
+
+  /** Runs a bash script inside the lab (as root, in systemd's pid/mount/cgroup/uts namespaces). */
+  async exec(script: string, timeoutMs = 30_000): Promise<RunResult> {
+    return run('nsenter', ['-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--', '/bin/bash', '-c', script], { timeoutMs, cwd: '/' });
+  }
+
+  /** Like exec, but throws with the output when the script fails. */
+  async sh(script: string, timeoutMs = 30_000): Promise<string> {
+    const r = await this.exec(script, timeoutMs);
+    if (r.code !== 0) throw new Error(`lab command failed (${r.timedOut ? 'timed out' : `exit ${r.code}`}): ${script}\n${r.stdout}${r.stderr}`);
+    return r.stdout;
+  }
+
+  async show(unit: string, props: readonly string[]): Promise<Record<string, string>> {
+    return parseShow(await this.sh(`systemctl show -p ${props.join(',')} ${unit}`));
+  }
+
+  /** Polls `systemctl show` until `pred` holds; returns the last properties seen. */
+  async waitShow(unit: string, props: readonly string[], pred: (p: Record<string, string>) => boolean, timeoutMs = 20_000): Promise<Record<string, string>> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const p = await this.show(unit, props);
+      if (pred(p)) return p;
+      if (Date.now() > deadline) throw new Error(`timed out waiting on ${unit}: last ${JSON.stringify(p)}`);
+      await sleep(100);
+    }
+  }
+
+  /** The service's stdout in the journal, one message per line. */
+  async journal(unit?: string): Promise<string> {
+    const r = await this.exec(`journalctl --no-pager -o cat ${unit ? `-u ${unit}` : ''}`);
+    return r.stdout;
+  }
+
+  /** Polls the journal of `unit` until a line satisfies `pred`. */
+  async waitJournal(unit: string, pred: (line: string) => boolean, timeoutMs = 20_000): Promise<string> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const hit = (await this.journal(unit)).split('\n').find(pred);
+      if (hit !== undefined) return hit;
+      if (Date.now() > deadline) throw new Error(`timed out waiting for a journal line of ${unit}`);
+      await sleep(150);
+    }
+  }
+
+  /** Ends the lab's own command, waits for the teardown; kills the lab if it hangs. */
+  async shutdown(): Promise<number | null> {
+    writeFileSync(this.stopFile, '');
+    const code = await Promise.race([this.exited, sleep(20_000).then(() => 'hung' as const)]);
+    if (code !== 'hung') return code;
+    // `timeout` passes SIGTERM on to the lab script, whose EXIT trap kills the lab's systemd.
+    this.child.kill('SIGTERM');
+    return this.exited;
+  }
+}

@@ -1,0 +1,708 @@
+import { randomBytes, randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import t from 'tap';
+import { z } from 'zod';
+import type { RenewAuthority } from '../src/renew/authority.js';
+import { CLI, tempDir } from './helpers/forwarder-proc.js';
+import {
+  CLI_PROXY_PORT,
+  ensureSystemUser,
+  FORWARDER_PORT,
+  groupId,
+  Lab,
+  labSkipReason,
+  lookupUser,
+  portFree,
+  run,
+  type SystemUser,
+} from './helpers/lab.js';
+import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import type { TapTest } from './helpers/tap-types.js';
+
+/**
+ * The units booted for real (SPEC §7, issue 5): `install` into a scratch root, the
+ * installed units started under the workplace's throw-away systemd 252 (one boot), and
+ * driven step by step from here through `nsenter`. The lab shares the host's loopback, so
+ * the mock renewal Gateway, the MCP upstream and the MCP client all run in this process.
+ *
+ * Fixed ports: the units listen on 127.0.0.1:14323 and :14324. No other test binds them
+ * (they all use port 0); if something does, this file fails up front and says so.
+ */
+
+const SVC = 'agent-connectors';
+const FORWARDER = 'agent-connectors-forwarder.service';
+const CLI_PROXY = 'agent-connectors-cli-proxy.service';
+const FETCH = 'agent-connectors-renew-fetch.service';
+const APPLY = 'agent-connectors-renew-apply.service';
+const APPLY_PATH = 'agent-connectors-renew-apply.path';
+const TARGET = 'agent-connectors.target';
+const AGENT_USER = 'ac-agent-lab';
+const PREFIX = '/opt';
+const LIB_DIR = `${PREFIX}/lib/agent-connectors`;
+const STATE = '/var/lib/agent-connectors';
+const INSTANCE = 'lab-inst';
+const SLOT = `instance:${INSTANCE}`;
+const BINDING = `lab_${randomBytes(12).toString('base64url')}`;
+const TOKEN_FILE = `${STATE}/mcp-forwarder/${INSTANCE}.token`;
+const FETCH_CREDENTIAL = `/run/credentials/${FETCH}/host-credential`;
+const FETCH_STATE = '/var/lib/private/agent-connectors-renew-fetch';
+/** systemd's DynamicUser= range. */
+const DYNAMIC_UIDS = [61184, 65519] as const;
+/** Token lifetime at the mock Gateway: fetch renews with a third left, so a rotation comes ~10 s after the first token. */
+const TOKEN_LIFETIME_MS = 15_000;
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** What the upstream saw of one request. */
+interface Seen {
+  valid: boolean;
+  tokenId: string | undefined;
+  sessionId: string | undefined;
+  rpcMethod: string | undefined;
+  problem?: string;
+}
+
+function rpcMethodOf(body: unknown): string | undefined {
+  const first: unknown = Array.isArray(body) ? body[0] : body;
+  return first && typeof first === 'object' && 'method' in first && typeof first.method === 'string' ? first.method : undefined;
+}
+
+/**
+ * The Gateway's MCP endpoint: an SDK McpServer (stateful Streamable HTTP) that checks
+ * every bearer token with the mock renewal Gateway's own authority, as a real Gateway
+ * would (401 for anything it did not mint, or minted but expired).
+ */
+class CheckingMcpUpstream {
+  readonly seen: Seen[] = [];
+  private readonly sessions = new Map<string, StreamableHTTPServerTransport>();
+  private readonly servers: McpServer[] = [];
+  private readonly server: Server;
+  port = 0;
+
+  constructor(private readonly authority: RenewAuthority) {
+    this.server = createServer((req, res) => {
+      this.onRequest(req, res).catch(() => res.destroy());
+    });
+  }
+
+  async start(): Promise<this> {
+    this.server.listen(0, '127.0.0.1');
+    await once(this.server, 'listening');
+    this.port = (this.server.address() as AddressInfo).port;
+    return this;
+  }
+
+  url(): string {
+    return `http://127.0.0.1:${this.port}/mcp`;
+  }
+
+  private newSession(): StreamableHTTPServerTransport {
+    const server = new McpServer({ name: 'lab-gateway', version: '1.0.0' });
+    server.registerTool('echo', { description: 'echoes its text', inputSchema: { text: z.string() } }, ({ text }) => ({
+      content: [{ type: 'text', text: `echo: ${text}` }],
+    }));
+    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: () => randomUUID(),
+      onsessioninitialized: (id) => {
+        this.sessions.set(id, transport);
+      },
+    });
+    transport.onclose = () => {
+      if (transport.sessionId) this.sessions.delete(transport.sessionId);
+    };
+    this.servers.push(server);
+    void server.connect(transport);
+    return transport;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const header = req.headers.authorization;
+    const bearer = header === undefined ? undefined : /^Bearer (.+)$/.exec(header)?.[1];
+    const valid = bearer === undefined ? undefined : this.authority.isValidToken(bearer);
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const raw = Buffer.concat(chunks).toString('utf8');
+    let parsed: unknown;
+    try {
+      parsed = raw.length > 0 ? (JSON.parse(raw) as unknown) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    const sessionHeader = req.headers['mcp-session-id'];
+    const sessionId = Array.isArray(sessionHeader) ? sessionHeader[0] : sessionHeader;
+    const seen: Seen = { valid: Boolean(valid), tokenId: valid?.tokenId, sessionId, rpcMethod: rpcMethodOf(parsed) };
+    this.seen.push(seen);
+    if (!valid) {
+      seen.problem = bearer === undefined ? 'no bearer token' : 'a token the Gateway did not mint or that expired';
+      res.writeHead(401, { 'content-type': 'application/json' });
+      res.end('{"error":"invalid_token"}');
+      return;
+    }
+    let transport: StreamableHTTPServerTransport | undefined;
+    if (sessionId) {
+      transport = this.sessions.get(sessionId);
+      if (!transport) {
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32001, message: 'Session not found' } }));
+        return;
+      }
+    } else {
+      transport = this.newSession();
+    }
+    await transport.handleRequest(req, res, parsed);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
+    this.server.closeAllConnections();
+    await new Promise<void>((r) => this.server.close(() => r()));
+  }
+}
+
+/** A pino JSON line of a unit's journal, or undefined for anything else. */
+interface LogLine {
+  msg?: string;
+  level?: number | string;
+  [k: string]: unknown;
+}
+function parseLog(line: string): LogLine | undefined {
+  if (!line.startsWith('{')) return undefined;
+  try {
+    return JSON.parse(line) as LogLine;
+  } catch {
+    return undefined;
+  }
+}
+
+/** `journalctl -o json` entries: message and the UID of the process that logged it. */
+async function journalEntries(lab: Lab, unit: string): Promise<Array<{ msg: LogLine | undefined; uid: number }>> {
+  const out = await lab.sh(`journalctl --no-pager -u ${unit} -o json --output-fields=MESSAGE,_UID`);
+  return out
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as { MESSAGE?: unknown; _UID?: string })
+    .filter((e) => typeof e.MESSAGE === 'string' && e._UID !== undefined)
+    .map((e) => ({ msg: parseLog(e.MESSAGE as string), uid: Number(e._UID) }));
+}
+
+/** Applied token ids, in order, from apply's journal. */
+async function appliedTokenIds(lab: Lab): Promise<string[]> {
+  return (await lab.journal(APPLY))
+    .split('\n')
+    .map(parseLog)
+    .filter((l): l is LogLine => l?.msg === 'token applied' && typeof l.tokenId === 'string')
+    .map((l) => l.tokenId as string);
+}
+
+async function waitForApplied(lab: Lab, pred: (ids: string[]) => boolean, timeoutMs: number): Promise<string[]> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const ids = await appliedTokenIds(lab);
+    if (pred(ids)) return ids;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for apply; applied so far: ${JSON.stringify(ids)}`);
+    await sleep(200);
+  }
+}
+
+/** The lines of systemd's console about one unit (for diagnostics). */
+function unitLines(text: string, unit: string): string {
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(`${unit}: `) && !/PropertiesChanged|mount|Mount|system call/.test(l))
+    .slice(-60)
+    .join('\n');
+}
+
+/** Runs a command inside the lab as a user with no supplementary groups (what an agent is). */
+function asUser(user: { uid: number; gid: number }, command: string): string {
+  return `setpriv --reuid=${user.uid} --regid=${user.gid} --clear-groups -- ${command}`;
+}
+
+const skipReason = labSkipReason();
+
+t.test('systemd lab: installed units under a real systemd', { skip: skipReason ?? false, timeout: 170_000 }, async (t) => {
+  // ---- host side: ports, install, users, Gateway, upstream -------------------------------
+  for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
+    let free = await portFree(port);
+    for (let i = 0; !free && i < 50; i++) {
+      await sleep(200);
+      free = await portFree(port);
+    }
+    if (!free) {
+      t.fail(`127.0.0.1:${port} is in use on this host; the lab's units listen on that fixed port, so the lab cannot run. Stop whatever holds it (ss -ltnp 'sport = :${port}').`);
+      return;
+    }
+  }
+
+  // The units run this node; ProtectHome=/PrivateTmp= would hide one under a home or /tmp.
+  if (/^\/(home|root|run\/user|tmp|var\/tmp)\//.test(process.execPath)) {
+    t.fail(`node is at ${process.execPath}, which the units' ProtectHome=/PrivateTmp= hide from them: run the tests with a node installed elsewhere (e.g. /usr/bin/node)`);
+    return;
+  }
+  const scratch = tempDir('ac-lab-');
+  const root = join(scratch, 'root');
+  const work = join(scratch, 'work');
+  mkdirSync(work, { recursive: true });
+  const unitDir = join(root, 'etc/systemd/system');
+  const appDir = join(root, LIB_DIR);
+  let lab: Lab | undefined;
+  let journalAtEnd = '';
+  let labStopped = false;
+  // One teardown, in this order: end the lab, show its logs if anything failed, clean up.
+  t.teardown(async () => {
+    if (lab && !labStopped) {
+      journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
+      await lab.shutdown();
+    }
+    if (t.passing()) {
+      rmSync(scratch, { recursive: true, force: true });
+      return;
+    }
+    // Keep the logs for a look, drop the installed package copy.
+    rmSync(join(root, PREFIX), { recursive: true, force: true });
+    t.comment(`lab scratch dir (kept): ${scratch}`);
+    if (!lab) return;
+    t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
+    t.comment(`---- systemd console (last 200 lines, ${lab.consoleLogPath}) ----\n${lab.consoleLog().split('\n').slice(-200).join('\n')}`);
+    t.comment(`---- journal (last 200 lines) ----\n${journalAtEnd.split('\n').slice(-200).join('\n')}`);
+  });
+
+  const installed = await run(process.execPath, [CLI, 'install', '--root', root, '--prefix', PREFIX, '--node', process.execPath, '--no-activate'], { timeoutMs: 120_000 });
+  if (installed.code !== 0) {
+    t.fail(`install into the scratch root failed (${installed.code}):\n${installed.stdout}${installed.stderr}`);
+    return;
+  }
+  const sysusers = await run('systemd-sysusers', [join(root, 'etc/sysusers.d/agent-connectors.conf')]);
+  t.equal(sysusers.code, 0, `systemd-sysusers creates the service user and group on the host${sysusers.code === 0 ? '' : `: ${sysusers.stderr}`}`);
+  const svc = await lookupUser(SVC);
+  const renewGid = await groupId('agent-connectors-renew');
+  const agent: SystemUser = await ensureSystemUser(AGENT_USER);
+  if (!svc || renewGid === undefined) {
+    t.fail('the service user agent-connectors or the group agent-connectors-renew is missing after systemd-sysusers');
+    return;
+  }
+
+  const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
+  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [SLOT] });
+  t.teardown(() => gw.close());
+  // Every token the Gateway hands out, to search the logs for.
+  const minted: string[] = [];
+  const renew = gw.authority.renew.bind(gw.authority);
+  gw.authority.renew = (slot, bearer, body) => {
+    const result = renew(slot, bearer, body);
+    if (result.status === 200 && 'token' in result.body) minted.push(result.body.token);
+    return result;
+  };
+  const upstream = await new CheckingMcpUpstream(gw.authority).start();
+  t.teardown(() => upstream.close());
+
+  // ---- the units as installed, plus the lab's drop-ins ------------------------------------
+  // The operator would put the credential in /etc/agent-connectors; the lab's /etc is the
+  // host's (read-only), so the credential lives beside the units and a drop-in points at it.
+  const credentialFile = join(unitDir, 'host-credential');
+  writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
+  chmodSync(credentialFile, 0o600);
+  const dropIn = (unit: string, name: string, text: string): void => {
+    mkdirSync(join(unitDir, `${unit}.d`), { recursive: true });
+    writeFileSync(join(unitDir, `${unit}.d`, name), text);
+  };
+  dropIn(FETCH, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironment=AGENT_CONNECTORS_GATEWAY_URL=${gw.url}\n`);
+  // allowedUids: the agent and root (this test's own MCP client) may connect, nobody else.
+  for (const unit of [FORWARDER, CLI_PROXY]) {
+    const execStart = /^ExecStart=(.+)$/m.exec(readFileSync(join(unitDir, unit), 'utf8'))?.[1];
+    dropIn(unit, 'lab.conf', `[Service]\nExecStart=\nExecStart=${execStart ?? 'missing'} --allowed-uids ${AGENT_USER},root\n`);
+  }
+  const tmpfilesConf = join(work, 'tmpfiles.conf');
+  writeFileSync(
+    tmpfilesConf,
+    readFileSync(join(root, 'etc/tmpfiles.d/agent-connectors.conf'), 'utf8')
+      .split('\n')
+      .filter((l) => !/\s\/etc\//.test(` ${l}`))
+      .join('\n'),
+  );
+
+  // ---- boot ------------------------------------------------------------------------------
+  try {
+    lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: 170 });
+  } catch (err) {
+    t.fail((err as Error).message);
+    return;
+  }
+  t.comment(`lab systemd is host pid ${lab.hostPid}; scratch ${scratch}`);
+
+  /** A step; once an essential one fails the rest are skipped (they would only fail after it). */
+  let broken: string | undefined;
+  const step = async (name: string, fn: (tt: TapTest) => Promise<void>, essential = true): Promise<void> => {
+    if (broken) {
+      await t.test(name, { skip: `an earlier step failed: ${broken}` }, async () => undefined);
+      return;
+    }
+    await t.test(name, async (tt) => {
+      try {
+        await fn(tt);
+      } finally {
+        if (essential && !tt.passing()) broken = name;
+      }
+    });
+  };
+
+  await step('tmpfiles.d creates the state directories with the modes of SPEC §2', async (tt) => {
+    await lab.sh(`systemd-tmpfiles --create ${tmpfilesConf}`);
+    const modes = await lab.sh(`stat -c '%n %a %U %G' ${STATE} ${STATE}/mcp-forwarder ${STATE}/cli-proxy ${STATE}/handoff ${STATE}/handoff/inbox ${STATE}/handoff/slots`);
+    tt.same(modes.trim().split('\n'), [
+      `${STATE} 750 ${SVC} agent-connectors-renew`,
+      `${STATE}/mcp-forwarder 700 ${SVC} ${SVC}`,
+      `${STATE}/cli-proxy 700 ${SVC} ${SVC}`,
+      `${STATE}/handoff 2770 ${SVC} agent-connectors-renew`,
+      `${STATE}/handoff/inbox 2770 ${SVC} agent-connectors-renew`,
+      `${STATE}/handoff/slots 2770 ${SVC} agent-connectors-renew`,
+    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group');
+    // A provider catalog and its token for cli-proxy, written by root as an operator would.
+    const catalog = JSON.stringify({
+      labcli: {
+        upstream: 'http://127.0.0.1:9/api',
+        tokenFile: `${STATE}/cli-proxy/labcli.token`,
+        inject: { type: 'header', name: 'authorization', value: 'Bearer {token}' },
+      },
+    });
+    await lab.sh(
+      `umask 077 && printf '%s\\n' '${catalog}' > ${STATE}/cli-proxy/providers.json && printf 'labcli-${randomBytes(9).toString('hex')}\\n' > ${STATE}/cli-proxy/labcli.token && chown ${SVC}:${SVC} ${STATE}/cli-proxy/providers.json ${STATE}/cli-proxy/labcli.token`,
+    );
+  });
+
+  await step('starting agent-connectors.target: the forwarder is active (running) via READY=1 with a STATUS', async (tt) => {
+    await lab.sh(`systemctl log-level debug && systemctl start ${TARGET}`);
+    const fwd = await lab.waitShow(FORWARDER, ['ActiveState', 'SubState', 'Type', 'NotifyAccess', 'StatusText', 'MainPID'], (p) => p.ActiveState === 'active' || p.ActiveState === 'failed');
+    tt.same([fwd.ActiveState, fwd.SubState], ['active', 'running'], 'forwarder: active (running)');
+    tt.equal(fwd.Type, 'notify', 'Type=notify: active only after READY=1');
+    tt.equal(fwd.StatusText, 'serving 0 instance(s)', 'STATUS= text from the forwarder');
+    const u = FORWARDER.replace(/\./g, '\\.');
+    const ready = await lab.waitConsole(
+      0,
+      new RegExp(`${u}: Got notification message from PID \\d+ \\(.*READY=1.*STATUS=serving 0 instance\\(s\\).*\\n(?:.*\\n)*?${u}: Changed start -> running`),
+    );
+    tt.ok(ready.ok, 'systemd: READY=1 with the STATUS took the unit from start to running', { log: unitLines(ready.text, FORWARDER) });
+    for (const unit of [CLI_PROXY, FETCH]) {
+      const p = await lab.waitShow(unit, ['ActiveState', 'SubState', 'StatusText'], (s) => s.ActiveState === 'active' || s.ActiveState === 'failed');
+      tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit}: active (running)${p.StatusText ? `, STATUS=${p.StatusText}` : ''}`);
+    }
+    const path = await lab.show(APPLY_PATH, ['ActiveState', 'SubState']);
+    tt.same([path.ActiveState, path.SubState], ['active', 'waiting'], `${APPLY_PATH}: active (waiting) on the inbox`);
+    const health = await fetch(`http://127.0.0.1:${FORWARDER_PORT}/healthz`);
+    tt.equal(health.status, 200, 'forwarder /healthz answers on the fixed port');
+    tt.match(await health.json(), { status: 'ok', instances: 0 }, '/healthz: ok, no instances yet');
+    const catalog = await lab.waitJournal(CLI_PROXY, (l) => parseLog(l)?.msg === 'catalog loaded');
+    tt.equal(parseLog(catalog)?.providers, 1, 'cli-proxy loaded the provider catalog');
+  });
+
+  let fetchUid = -1;
+  await step('renew fetch runs as a dynamic UID with its credential', async (tt) => {
+    const p = await lab.show(FETCH, ['MainPID', 'DynamicUser']);
+    tt.equal(p.DynamicUser, 'yes', 'DynamicUser=yes');
+    const status = await lab.sh(`cat /proc/${p.MainPID}/status`);
+    const uids = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(status)?.slice(1).map(Number) ?? [];
+    const groups = (/^Groups:\s*(.*)$/m.exec(status)?.[1] ?? '').trim().split(/\s+/).filter(Boolean).map(Number);
+    fetchUid = uids[0] ?? -1;
+    tt.equal(new Set(uids).size, 1, `real, effective, saved and fs uid agree (${uids.join(' ')})`);
+    tt.not(fetchUid, 0, 'not root');
+    tt.not(fetchUid, svc.uid, 'not the agent-connectors service user');
+    tt.ok(fetchUid >= DYNAMIC_UIDS[0] && fetchUid <= DYNAMIC_UIDS[1], `a dynamic UID (${fetchUid}, systemd's range ${DYNAMIC_UIDS.join('–')})`);
+    tt.ok(groups.includes(renewGid), `in the hand-off group agent-connectors-renew (${renewGid}); groups: ${groups.join(' ')}`);
+    tt.equal((await lab.sh(`stat -c '%u %a' ${FETCH_CREDENTIAL}`)).trim(), `${fetchUid} 400`, 'its credential is in $CREDENTIALS_DIRECTORY, 0400, owned by the dynamic UID');
+    tt.equal((await lab.sh(`cat ${FETCH_CREDENTIAL}`)).trim(), credential, 'LoadCredential= loaded the file the drop-in names');
+  });
+
+  await step('bind, then systemctl reload: reloading → active, and the new binding is served', async (tt) => {
+    const before = await lab.show(FORWARDER, ['MainPID']);
+    const consoleFrom = lab.consoleLog().length;
+    const bound = await lab.sh(`${process.execPath} ${LIB_DIR}/dist/cli.js bind ${BINDING} --instance-id ${INSTANCE} --upstream ${upstream.url()} --state-dir ${STATE}`);
+    tt.equal(bound.trim(), BINDING, 'bind prints the binding id');
+    tt.equal((await lab.sh(`stat -c '%a %U' ${STATE}/mcp-forwarder/instances.json`)).trim(), `600 ${SVC}`, 'instances.json: 0600, still owned by the service user although root wrote it');
+    tt.match(await lab.sh(`cat '${STATE}/handoff/slots/${SLOT}.json'`), /"slot":"instance:lab-inst"/, 'bind created the slot file for fetch');
+
+    await lab.sh(`systemctl reload ${FORWARDER}`);
+    const after = await lab.waitShow(FORWARDER, ['ActiveState', 'SubState', 'StatusText', 'MainPID'], (p) => p.ActiveState === 'active' && p.StatusText === 'serving 1 instance(s)', 10_000);
+    tt.same([after.ActiveState, after.SubState], ['active', 'running'], 'back to active (running)');
+    tt.equal(after.MainPID, before.MainPID, 'same process: reloaded, not restarted');
+    // The reload as systemd saw it (debug log). The unit enters "reload" for ExecReload (kill -HUP)
+    // or on RELOADING=1, whichever comes first, and leaves it only on READY=1 after RELOADING=1.
+    const u = FORWARDER.replace(/\./g, '\\.');
+    const reload = await lab.waitConsole(
+      consoleFrom,
+      new RegExp(
+        `${u}: Got notification message from PID \\d+ \\(.*RELOADING=1.*\\n(?:.*\\n)*?` +
+          `${u}: Got notification message from PID \\d+ \\(.*READY=1.*\\n(?:.*\\n)*?${u}: Changed reload -> running`,
+      ),
+    );
+    const excerpt = unitLines(reload.text, FORWARDER);
+    tt.ok(reload.text.includes(`${FORWARDER}: Changed running -> reload`), 'systemd: the unit went from running to reloading', { log: excerpt });
+    tt.ok(reload.ok, 'systemd: RELOADING=1, then READY=1, then "reload -> running"', { log: excerpt });
+    tt.ok((await lab.journal(FORWARDER)).includes('SIGHUP: reloading registry'), 'the forwarder logged the SIGHUP reload');
+    await lab.sh('systemctl log-level info');
+
+    const unknown = await fetch(`http://127.0.0.1:${FORWARDER_PORT}/i/lab_not_a_binding_0/mcp`, { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } });
+    tt.equal(unknown.status, 404, 'an unknown binding is 404');
+    const known = await fetch(`http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' }),
+    });
+    const body = await known.text();
+    tt.not(known.status, 404, `the new binding is known to the forwarder (${known.status} ${body.slice(0, 80)})`);
+  });
+
+  let firstTokenId = '';
+  await step('fetch renews, the .path unit triggers apply, the token file is written', async (tt) => {
+    const ids = await waitForApplied(lab, (i) => i.length >= 1, 20_000);
+    firstTokenId = ids[0] ?? '';
+    tt.equal(firstTokenId, gw.authority.slotState(SLOT)?.tokenId ?? 'none', "apply's journal: 'token applied' with the Gateway's token id");
+    const requests = gw.requestsFor(SLOT);
+    tt.ok(requests.length >= 1 && requests.every((r) => r.authorization), 'fetch called the Gateway with its credential');
+    tt.equal(requests[0]?.outcome, 200, 'and was answered 200');
+    tt.equal(gw.authority.stats().unauthorized, 0, 'never with a wrong credential');
+    const fetchLogs = await journalEntries(lab, FETCH);
+    const renewed = fetchLogs.find((e) => e.msg?.msg === 'renewed; handed to apply');
+    tt.ok(renewed, "fetch's journal: 'renewed; handed to apply'");
+    tt.equal(renewed?.uid, fetchUid, 'logged by the dynamic UID');
+    const applyLogs = await journalEntries(lab, APPLY);
+    const applied = applyLogs.find((e) => e.msg?.msg === 'token applied');
+    tt.equal(applied?.uid, svc.uid, 'apply ran as agent-connectors');
+    const trig = await lab.show(APPLY, ['TriggeredBy', 'Result']);
+    tt.match(trig.TriggeredBy, APPLY_PATH, `apply is started by ${APPLY_PATH} (nothing else starts it)`);
+    tt.equal(trig.Result, 'success', 'apply finished successfully');
+    tt.equal((await lab.sh(`stat -c '%a %U' ${TOKEN_FILE}`)).trim(), `600 ${SVC}`, 'token file: 0600 agent-connectors');
+    tt.equal((await lab.sh(`ls -A ${STATE}/handoff/inbox`)).trim(), '', 'the inbox is empty again');
+  });
+
+  await step('watchdog: a stalled event loop ends in Result=watchdog and a restart', async (tt) => {
+    // The test-only hook: SIGUSR2 blocks the event loop for good. TimeoutAbortSec bounds the
+    // SIGABRT → SIGKILL escalation (see the comment in the drop-in).
+    dropIn(
+      FORWARDER,
+      'test.conf',
+      '[Service]\nEnvironment=AGENT_CONNECTORS_TEST_HOOKS=stall-on-sigusr2\nWatchdogSec=2s\n' +
+        '# A JS signal handler (execa\'s signal-exit, while an sd_notify helper runs) can catch the\n' +
+        '# watchdog\'s SIGABRT in a process whose event loop is stuck; escalate to SIGKILL soon.\n' +
+        'TimeoutAbortSec=3s\n',
+    );
+    await lab.sh(`systemctl daemon-reload && systemctl restart ${FORWARDER}`);
+    const started = await lab.waitShow(FORWARDER, ['ActiveState', 'SubState', 'NRestarts', 'MainPID', 'WatchdogUSec'], (p) => p.ActiveState === 'active');
+    tt.equal(started.WatchdogUSec, '2s', 'WatchdogSec=2s from the drop-in');
+    await sleep(1500); // the forwarder keeps pinging (WATCHDOG=1 every 1 s) while healthy
+    tt.equal((await lab.show(FORWARDER, ['MainPID'])).MainPID, started.MainPID, 'a healthy forwarder outlives its watchdog period');
+    const consoleFrom = lab.consoleLog().length;
+    const u = FORWARDER.replace(/\./g, '\\.');
+    await lab.sh(`systemctl kill --kill-who=main -s SIGUSR2 ${FORWARDER}`);
+    const results = new Set<string>();
+    const after = await lab.waitShow(
+      FORWARDER,
+      ['ActiveState', 'SubState', 'Result', 'NRestarts', 'MainPID'],
+      (p) => {
+        results.add(p.Result ?? '');
+        return Number(p.NRestarts) > Number(started.NRestarts) && p.ActiveState === 'active';
+      },
+      40_000,
+    );
+    const wd = await lab.waitConsole(consoleFrom, new RegExp(`${u}: Watchdog timeout \\(limit 2s\\)!\\n(?:.*\\n)*?${u}: Failed with result 'watchdog'`));
+    tt.ok(wd.ok, "systemd: watchdog timeout, then Failed with result 'watchdog'", { log: unitLines(wd.text, FORWARDER) });
+    tt.ok(results.has('watchdog'), `Result=watchdog observed (${[...results].join(', ')})`);
+    tt.equal(Number(after.NRestarts), Number(started.NRestarts) + 1, `NRestarts ${started.NRestarts} → ${after.NRestarts}`);
+    tt.same([after.ActiveState, after.SubState], ['active', 'running'], 'active (running) again');
+    tt.not(after.MainPID, started.MainPID, 'a new process');
+    const health = await fetch(`http://127.0.0.1:${FORWARDER_PORT}/healthz`);
+    tt.match(await health.json(), { status: 'ok', instances: 1 }, 'the restarted forwarder serves, with its registry');
+    // Back to the shipped unit for the rest of the run (a running service keeps the watchdog
+    // timeout it started with, so restart it; no client is connected yet, nothing to drain).
+    rmSync(join(unitDir, `${FORWARDER}.d`, 'test.conf'));
+    await lab.sh(`systemctl daemon-reload && systemctl restart ${FORWARDER}`);
+    const shipped = await lab.waitShow(FORWARDER, ['ActiveState', 'WatchdogUSec'], (p) => p.ActiveState === 'active');
+    tt.equal(shipped.WatchdogUSec, '30s', 'test drop-in gone: WatchdogSec=30s again');
+  });
+
+  const client = new Client({ name: 'lab-agent', version: '0.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`));
+  t.teardown(() => client.close().catch(() => undefined));
+  let sessionId: string | undefined;
+  const echo = async (text: string): Promise<string> => {
+    const r = await client.callTool({ name: 'echo', arguments: { text } });
+    const content = (r.content ?? []) as Array<{ type: string; text?: string }>;
+    return content[0]?.text ?? '';
+  };
+
+  await step('an MCP SDK client on loopback works end to end through the started units', async (tt) => {
+    await client.connect(transport);
+    sessionId = transport.sessionId;
+    tt.ok(sessionId, 'the upstream session id reached the client');
+    const tools = await client.listTools();
+    tt.same(tools.tools.map((x) => x.name), ['echo'], 'tools/list through the forwarder');
+    tt.equal(await echo('hello from the lab'), 'echo: hello from the lab', 'tools/call through the forwarder');
+    const bad = upstream.seen.filter((s) => !s.valid);
+    tt.same(bad.map((s) => s.problem), [], 'every upstream request carried a token the Gateway minted');
+    const applied = await appliedTokenIds(lab);
+    const notApplied = [...new Set(upstream.seen.map((s) => s.tokenId))].filter((id) => id === undefined || !applied.includes(id));
+    tt.same(notApplied, [], `only tokens apply wrote reached the upstream (applied: ${applied.join(', ')})`);
+  });
+
+  await step(
+    'privilege model: the agent UID reads no secret, but can use both loopback services; other UIDs are refused',
+    async (tt) => {
+      // fetch must be up for its credential to exist (see the crash check further down).
+      await lab.waitShow(FETCH, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000);
+      const fetchStateFile = (await lab.sh(`find ${FETCH_STATE} -type f | head -1`)).trim();
+      tt.ok(fetchStateFile, `fetch keeps state in ${FETCH_STATE}`);
+      const denied: Array<[string, string]> = [
+        ['token file', `cat ${TOKEN_FILE}`],
+        ['instances.json', `cat ${STATE}/mcp-forwarder/instances.json`],
+        ['providers.json', `cat ${STATE}/cli-proxy/providers.json`],
+        ['a provider token file', `cat ${STATE}/cli-proxy/labcli.token`],
+        ['the hand-off inbox', `ls ${STATE}/handoff/inbox`],
+        ["the hand-off slots", `ls ${STATE}/handoff/slots`],
+        ["fetch's credential", `cat ${FETCH_CREDENTIAL}`],
+        ["fetch's credential directory", `ls /run/credentials/${FETCH}`],
+        ["fetch's state directory", `ls ${FETCH_STATE}`],
+        ["a fetch state file", `cat '${fetchStateFile}'`],
+      ];
+      for (const [what, cmd] of denied) {
+        const target = cmd.replace(/^(cat|ls) /, '');
+        const exists = await lab.exec(`test -e ${target}`);
+        tt.equal(exists.code, 0, `${what} exists (${target})`);
+        const r = await lab.exec(asUser(agent, cmd));
+        tt.ok(r.code !== 0 && /Permission denied/.test(r.stderr), `${AGENT_USER}: ${cmd} → EACCES (${r.code}: ${r.stderr.trim()})`);
+        tt.equal(r.stdout, '', 'and prints nothing');
+      }
+      const agentSecrets = (await lab.exec(asUser(agent, `grep -rsl -e '${credential}' ${STATE} /run/credentials /var/lib/private`))).stdout;
+      tt.equal(agentSecrets, '', 'grep as the agent finds no credential anywhere it can read');
+
+      for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
+        const r = await lab.exec(asUser(agent, `curl -sS -m 5 http://127.0.0.1:${port}/healthz`));
+        tt.equal(r.code, 0, `${AGENT_USER}: curl 127.0.0.1:${port}/healthz works (${r.stderr.trim()})`);
+        tt.match(r.stdout, /"status":"ok"/, 'and says ok');
+      }
+      const init = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'curl', version: '0' } } });
+      const mcp = await lab.exec(
+        asUser(agent, `curl -sS -m 10 -o /dev/null -w '%{http_code}' -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' --data '${init}' http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`),
+      );
+      tt.equal(mcp.stdout, '200', `${AGENT_USER}: an MCP initialize through the forwarder is answered 200`);
+
+      const nobody = { uid: 65534, gid: 65534 };
+      for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
+        const r = await lab.exec(asUser(nobody, `curl -sS -m 5 -w '\\n%{http_code}' http://127.0.0.1:${port}/healthz`));
+        const [body, code] = r.stdout.trim().split('\n');
+        tt.equal(code, '403', `uid 65534 (not in --allowed-uids): 127.0.0.1:${port} answers 403`);
+        tt.match(body ?? '', /forbidden_peer/, 'forbidden_peer');
+      }
+    },
+    false,
+  );
+
+  await step('a renewal rotates the token; the same MCP session goes on with the new one', async (tt) => {
+    const ids = await waitForApplied(lab, (i) => i.some((id) => id !== firstTokenId), TOKEN_LIFETIME_MS + 10_000);
+    const second = ids.find((id) => id !== firstTokenId) ?? '';
+    tt.ok(second, `apply applied a second token (${ids.length} applied in all)`);
+    const from = upstream.seen.length;
+    tt.equal(await echo('after renewal'), 'echo: after renewal', 'tools/call in the same session');
+    const now = upstream.seen.slice(from);
+    tt.ok(now.length > 0 && now.every((s) => s.valid && s.sessionId === sessionId), 'same session id, valid token');
+    tt.ok(now.every((s) => s.tokenId !== firstTokenId), 'no longer the first token');
+    const applied = await appliedTokenIds(lab);
+    tt.ok(applied.indexOf(now.at(-1)?.tokenId ?? '') > 0, `a token applied after the first one (${now.at(-1)?.tokenId} of ${applied.join(', ')})`);
+  });
+
+  await step(
+    'no token and no credential in any log',
+    async (tt) => {
+      const all = (await lab.exec('journalctl --no-pager -o cat')).stdout + lab.consoleLog();
+      tt.ok(minted.length >= 2, `${minted.length} tokens were minted`);
+      tt.same(
+        [credential, ...minted].filter((s) => all.includes(s)).map((s) => `${s.slice(0, 6)}…`),
+        [],
+        'none appears in the journal or the systemd console',
+      );
+    },
+    false,
+  );
+
+  await step(
+    'no unit crashed during the run',
+    async (tt) => {
+      // NRestarts counts automatic restarts since the last manual start (the forwarder's
+      // watchdog restart was followed by a manual one).
+      for (const unit of [FORWARDER, CLI_PROXY, FETCH]) {
+        const restarts = 0;
+        const p = await lab.show(unit, ['NRestarts']);
+        // A crash prints a stack trace (not pino JSON) to the journal: show it.
+        const crash = (await lab.journal(unit))
+          .split('\n')
+          .filter((l) => l.trim() !== '' && parseLog(l) === undefined)
+          .slice(-16)
+          .join('\n');
+        tt.equal(Number(p.NRestarts), restarts, `${unit}: NRestarts=${restarts}`, crash ? { stderr: crash } : {});
+      }
+    },
+    false,
+  );
+
+  await step(
+    'renew fetch survives a file in slots/ it cannot read (as apply\'s temp files are, for a moment)',
+    async (tt) => {
+      // apply (UMask=0077) writes slots/<slot>.json atomically: the temp file is created 0600
+      // and only then chmod'ed to 0640, so for a moment fetch's dynamic UID cannot read it.
+      // Same here, without touching a real slot: an unreadable temp file appears and goes.
+      const before = await lab.show(FETCH, ['MainPID', 'NRestarts']);
+      await lab.sh(
+        asUser(
+          { uid: svc.uid, gid: renewGid },
+          `bash -c 'umask 077; cd ${STATE}/handoff/slots && for i in $(seq 1 20); do t=.lab-probe.json.$i.tmp; printf "{}\\n" > $t; sleep 0.05; rm -f $t; done'`,
+        ),
+      );
+      await sleep(500);
+      const after = await lab.show(FETCH, ['MainPID', 'NRestarts', 'ActiveState', 'SubState']);
+      const crash = (await lab.journal(FETCH))
+        .split('\n')
+        .filter((l) => l.trim() !== '' && parseLog(l) === undefined)
+        .slice(-16)
+        .join('\n');
+      tt.same(
+        { pid: after.MainPID, restarts: after.NRestarts, state: `${after.ActiveState} (${after.SubState})` },
+        { pid: before.MainPID, restarts: before.NRestarts, state: 'active (running)' },
+        'the same fetch process is still running',
+        crash ? { stderr: crash } : {},
+      );
+      // Let a crashed fetch come back before the clean-stop check.
+      await lab.waitShow(FETCH, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000).catch(() => undefined);
+    },
+    false,
+  );
+
+  await step('systemctl stop agent-connectors.target is clean', async (tt) => {
+    // The SDK client holds a standing SSE GET; closing it lets the forwarder drain at once.
+    await client.close();
+    await lab.sh(`systemctl stop ${TARGET}`);
+    for (const unit of [FORWARDER, CLI_PROXY, FETCH]) {
+      const p = await lab.waitShow(unit, ['ActiveState', 'SubState', 'Result', 'ExecMainCode', 'ExecMainStatus'], (s) => s.ActiveState === 'inactive' || s.ActiveState === 'failed');
+      tt.same(
+        { state: `${p.ActiveState} (${p.SubState})`, result: p.Result, exit: p.ExecMainStatus },
+        { state: 'inactive (dead)', result: 'success', exit: '0' },
+        `${unit}: stopped, Result=success, exit 0`,
+      );
+    }
+    for (const unit of [APPLY, APPLY_PATH, TARGET]) {
+      const p = await lab.show(unit, ['ActiveState', 'Result']);
+      tt.equal(p.ActiveState, 'inactive', `${unit}: inactive`);
+      if (p.Result !== undefined) tt.equal(p.Result, 'success', `${unit}: Result=success`);
+    }
+    const last = (await lab.journal(FORWARDER)).split('\n').map(parseLog).filter((l) => l !== undefined).at(-1);
+    tt.match(last, { msg: 'forwarder stopped', clean: true }, 'the forwarder drained and stopped cleanly');
+    journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
+    labStopped = true;
+    tt.equal(await lab.shutdown(), 0, 'the lab itself ends cleanly');
+  });
+});
