@@ -60,9 +60,9 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
       const inflight = new InFlight();
       let stopping = false;
       let port = spec.listen.port;
-      const allowed = new WeakMap<Socket, boolean>();
+      const allowed = new WeakMap<Socket, Promise<boolean>>();
       const peerAllowed = spec.allowedUids
-        ? (req: IncomingMessage): boolean => allowed.get(req.socket) === true
+        ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
         : undefined;
       const server = createLoopbackServer(
         spec.handler({ config, agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
@@ -71,9 +71,12 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         const uids = spec.allowedUids;
         // Once per connection, not per request: keep-alive requests pay nothing.
         server.on('connection', (socket: Socket) => {
-          const uid = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0);
-          allowed.set(socket, uid !== undefined && uids.has(uid));
-          if (uid === undefined || !uids.has(uid)) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+          const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
+            const ok = uid !== undefined && uids.has(uid);
+            if (!ok) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+            return ok;
+          });
+          allowed.set(socket, decision);
         });
       }
       // Node's own clientError handling answers 400/408/431 without detail; keep it.

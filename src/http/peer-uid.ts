@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { isIPv4 } from 'node:net';
 
 /** `/proc/net/tcp` encodes an IPv4 address as its bytes read as a little-endian u32. */
@@ -53,11 +53,13 @@ function candidates(remote: string, remotePort: number, local: string, localPort
  * owner in the uid column. No shared secret is involved, so there is nothing for an agent
  * to leak. Undefined when the entry is gone (client already closed) or unreadable.
  */
-export function peerUid(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, procRoot = ''): number | undefined {
+export async function peerUid(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, procRoot = ''): Promise<number | undefined> {
   for (const c of candidates(remoteAddress, remotePort, localAddress, localPort)) {
+    // Asynchronous on purpose: the kernel walks its whole socket table to produce this
+    // file (milliseconds on a busy host); that must not stall the event loop.
     let table: string;
     try {
-      table = readFileSync(procRoot + c.file, 'latin1');
+      table = await readFile(procRoot + c.file, 'latin1');
     } catch {
       continue;
     }

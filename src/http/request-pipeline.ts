@@ -32,7 +32,7 @@ export interface PipelineDeps {
   port: () => number;
   stopping: () => boolean;
   /** With `allowedUids` set: whether this connection's peer UID was allowed (decided once per connection). */
-  peerAllowed?: (req: IncomingMessage) => boolean;
+  peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
 }
 
 export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal) => Promise<void>;
@@ -65,7 +65,7 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
         res.shouldKeepAlive = false;
         throw new AppError('service_unavailable');
       }
-      if (deps.peerAllowed && !deps.peerAllowed(req)) {
+      if (deps.peerAllowed && !(await deps.peerAllowed(req))) {
         res.shouldKeepAlive = false;
         throw new AppError('forbidden_peer');
       }

@@ -88,9 +88,9 @@ function v6Rows(server: string, client: string): Row[] {
 
 t.test('synthetic: IPv4 loopback → the uid column of the client socket', async (t) => {
   const root = procRoot(v4Rows(V4_LO, V4_LO), []);
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), CLIENT_UID, 'the client row, not the server row or the listener');
-  t.equal(peerUid('127.0.0.1', 50001, '127.0.0.1', 8080, root), undefined, 'another client port: no entry');
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8082, root), undefined, 'another server port: no entry');
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), CLIENT_UID, 'the client row, not the server row or the listener');
+  t.equal(await peerUid('127.0.0.1', 50001, '127.0.0.1', 8080, root), undefined, 'another client port: no entry');
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8082, root), undefined, 'another server port: no entry');
 });
 
 t.test('synthetic: IPv4 other loopback addresses and ports of every width', async (t) => {
@@ -102,28 +102,28 @@ t.test('synthetic: IPv4 other loopback addresses and ports of every width', asyn
     ],
     [],
   );
-  t.equal(peerUid('127.0.0.2', 80, '127.0.0.1', 22, root), 1, 'client 127.0.0.2:80 → server 127.0.0.1:22 (ports zero-padded)');
-  t.equal(peerUid('127.0.0.1', 65535, '127.0.0.2', 1, root), 65534, 'port 65535 → FFFF, port 1 → 0001');
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.2', 8080, root), 4242, 'server on 127.0.0.2');
-  t.equal(peerUid('127.0.0.2', 50000, '127.0.0.1', 8080, root), undefined, 'addresses swapped: no entry');
+  t.equal(await peerUid('127.0.0.2', 80, '127.0.0.1', 22, root), 1, 'client 127.0.0.2:80 → server 127.0.0.1:22 (ports zero-padded)');
+  t.equal(await peerUid('127.0.0.1', 65535, '127.0.0.2', 1, root), 65534, 'port 65535 → FFFF, port 1 → 0001');
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.2', 8080, root), 4242, 'server on 127.0.0.2');
+  t.equal(await peerUid('127.0.0.2', 50000, '127.0.0.1', 8080, root), undefined, 'addresses swapped: no entry');
 });
 
 t.test('synthetic: IPv6 ::1 → /proc/net/tcp6', async (t) => {
   const root = procRoot([], v6Rows(V6_LO, V6_LO));
-  t.equal(peerUid('::1', 50000, '::1', 8080, root), CLIENT_UID);
-  t.equal(peerUid('0:0:0:0:0:0:0:1', 50000, '0:0:0:0:0:0:0:1', 8080, root), CLIENT_UID, 'the uncompressed spelling');
-  t.equal(peerUid('::1', 50001, '::1', 8080, root), undefined, 'another client port: no entry');
+  t.equal(await peerUid('::1', 50000, '::1', 8080, root), CLIENT_UID);
+  t.equal(await peerUid('0:0:0:0:0:0:0:1', 50000, '0:0:0:0:0:0:0:1', 8080, root), CLIENT_UID, 'the uncompressed spelling');
+  t.equal(await peerUid('::1', 50001, '::1', 8080, root), undefined, 'another client port: no entry');
 });
 
 t.test('synthetic: a general IPv6 address (2001:db8::1) is encoded word by word', async (t) => {
   const root = procRoot([], v6Rows(V6_DOC, V6_LO));
-  t.equal(peerUid('::1', 50000, '2001:db8::1', 8080, root), CLIENT_UID);
+  t.equal(await peerUid('::1', 50000, '2001:db8::1', 8080, root), CLIENT_UID);
 });
 
 t.test('synthetic: IPv4-mapped, both ends dual-stack sockets → the mapped entry in tcp6', async (t) => {
   const root = procRoot([], v6Rows(V6_MAPPED_LO, V6_MAPPED_LO));
-  t.equal(peerUid('::ffff:127.0.0.1', 50000, '::ffff:127.0.0.1', 8080, root), CLIENT_UID);
-  t.equal(peerUid('::FFFF:127.0.0.1', 50000, '::FFFF:127.0.0.1', 8080, root), CLIENT_UID, 'upper-case prefix');
+  t.equal(await peerUid('::ffff:127.0.0.1', 50000, '::ffff:127.0.0.1', 8080, root), CLIENT_UID);
+  t.equal(await peerUid('::FFFF:127.0.0.1', 50000, '::FFFF:127.0.0.1', 8080, root), CLIENT_UID, 'upper-case prefix');
 });
 
 t.test('synthetic: IPv4-mapped on the server, the client an AF_INET socket → its entry is in /proc/net/tcp', async (t) => {
@@ -137,7 +137,7 @@ t.test('synthetic: IPv4-mapped on the server, the client an AF_INET socket → i
       { local: `${V6_MAPPED_LO}:${SRV}`, remote: `${V6_MAPPED_LO}:${CLI}`, st: '01', uid: SERVER_UID },
     ],
   );
-  t.equal(peerUid('::ffff:127.0.0.1', 50000, '::ffff:127.0.0.1', 8080, root), CLIENT_UID);
+  t.equal(await peerUid('::ffff:127.0.0.1', 50000, '::ffff:127.0.0.1', 8080, root), CLIENT_UID);
 });
 
 t.test('synthetic: IPv4 server, the client a dual-stack AF_INET6 socket connected to ::ffff:127.0.0.1 → its entry is in tcp6', async (t) => {
@@ -150,7 +150,7 @@ t.test('synthetic: IPv4 server, the client a dual-stack AF_INET6 socket connecte
     ],
     [{ local: `${V6_MAPPED_LO}:${CLI}`, remote: `${V6_MAPPED_LO}:${SRV}`, st: '01', uid: CLIENT_UID }],
   );
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), CLIENT_UID);
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), CLIENT_UID);
 });
 
 t.test('synthetic: only the server side of the connection listed → undefined, never the server uid', async (t) => {
@@ -161,22 +161,22 @@ t.test('synthetic: only the server side of the connection listed → undefined, 
     ],
     [],
   );
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
 });
 
 t.test('synthetic: empty tables, header only → undefined', async (t) => {
   const root = procRoot([], []);
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
-  t.equal(peerUid('::1', 50000, '::1', 8080, root), undefined);
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
+  t.equal(await peerUid('::1', 50000, '::1', 8080, root), undefined);
 });
 
 t.test('synthetic: a missing table file → undefined, no throw', async (t) => {
   const noFiles = procRoot();
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, noFiles), undefined, 'no tcp');
-  t.equal(peerUid('::1', 50000, '::1', 8080, noFiles), undefined, 'no tcp6');
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, noFiles), undefined, 'no tcp');
+  t.equal(await peerUid('::1', 50000, '::1', 8080, noFiles), undefined, 'no tcp6');
   const onlyV4 = procRoot(v4Rows(V4_LO, V4_LO));
-  t.equal(peerUid('::1', 50000, '::1', 8080, onlyV4), undefined, 'tcp present, tcp6 missing');
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, join(noFiles, 'does-not-exist')), undefined, 'no proc root at all');
+  t.equal(await peerUid('::1', 50000, '::1', 8080, onlyV4), undefined, 'tcp present, tcp6 missing');
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, join(noFiles, 'does-not-exist')), undefined, 'no proc root at all');
 });
 
 t.test('synthetic: a garbled uid column → undefined', async (t) => {
@@ -184,7 +184,7 @@ t.test('synthetic: a garbled uid column → undefined', async (t) => {
   t.teardown(() => rmSync(root, { recursive: true, force: true }));
   mkdirSync(join(root, 'proc', 'net'), { recursive: true });
   writeFileSync(join(root, 'proc', 'net', 'tcp'), `${TCP_HEADER}\n   0: ${V4_LO}:${CLI} ${V4_LO}:${SRV} 01 00000000:00000000 00:00000000 00000000 xyz 0 1\n`);
-  t.equal(peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
+  t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);
 });
 
 // ---------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ async function realPeerUid(server: Server, client: () => void): Promise<{ uid: n
   client();
   const [s] = await accepted;
   t.teardown(() => s.destroy());
-  return { uid: peerUid(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0), accepted: s };
+  return { uid: await peerUid(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0), accepted: s };
 }
 
 function connectFrom(server: Server, dest: string): () => void {
