@@ -1,0 +1,99 @@
+/** Command-line options of `npm run bench -- …`. */
+import { ALL_PEERS, type PeerName } from './peers.js';
+import { DEFAULT_CLI } from './paths.js';
+
+export interface BenchOptions {
+  mode: 'full' | 'quick' | 'smoke' | 'profile';
+  reps: number;
+  /** wrk duration per (concurrency, peer), seconds. */
+  seconds: number;
+  concurrency: number[];
+  peers: PeerName[];
+  sseStreams: number[];
+  sseSeconds: number;
+  sseIntervalMs: number;
+  bigMiB: number;
+  bigRateMiB: number;
+  idleStreams: number[];
+  ttfhSamples: number;
+  install: boolean;
+  docs: boolean;
+  cli: string;
+  out: string | undefined;
+}
+
+export const USAGE = `usage: npm run bench -- [options]
+  (default)              full run: every peer, every measurement, --reps repetitions
+  --quick                short run (1 repetition, short durations, fewer idle streams)
+  --smoke                a few seconds against the forwarder only, no nginx/wrk; exits 1
+                         if a behaviour check fails (ordering, byte counts, flat memory)
+  --profile              CPU-profile the forwarder under wrk load and print where the time goes
+  --reps N               repetitions (default 3)
+  --seconds S            wrk duration per concurrency and peer (default 4)
+  --concurrency 1,16,64  wrk connections
+  --peers LIST           subset of ${ALL_PEERS.join(',')}
+  --sse-seconds S        duration of each SSE latency run (default 4)
+  --sse-interval-ms MS   per-stream event interval (default 10)
+  --big-mib N            size of the large body (default 200)
+  --big-rate-mib N       pace of the slow reader, MiB/s (default 10)
+  --idle 1000,10000      idle SSE stream counts
+  --ttfh-samples N       time-to-headers samples per peer and repetition (default 10)
+  --no-install           do not apt-get install nginx/wrk when missing
+  --docs / --no-docs     write docs/performance.md (default: full runs only)
+  --cli PATH             the agent-connectors CLI (default dist/cli.js, or $BENCH_CLI)
+  --out FILE             results JSON (default bench/results/<timestamp>.json)`;
+
+function list(v: string): number[] {
+  return v.split(',').map((x) => {
+    const n = Number(x);
+    if (!Number.isFinite(n) || n <= 0) throw new Error(`not a positive number: ${x}`);
+    return n;
+  });
+}
+
+export function parseArgs(argv: string[]): BenchOptions {
+  const flags = new Set(argv.filter((a) => a.startsWith('--')));
+  const value = (name: string): string | undefined => {
+    const i = argv.indexOf(`--${name}`);
+    if (i < 0) return undefined;
+    const v = argv[i + 1];
+    if (v === undefined || v.startsWith('--')) throw new Error(`--${name} needs a value`);
+    return v;
+  };
+  const known = new Set([
+    'quick', 'smoke', 'profile', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
+    'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
+  ]);
+  for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
+  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--quick') ? 'quick' : 'full';
+  const quick = mode === 'quick';
+  const num = (name: string, def: number): number => {
+    const v = value(name);
+    if (v === undefined) return def;
+    const n = Number(v);
+    if (!Number.isFinite(n) || n <= 0) throw new Error(`--${name}: not a positive number: ${v}`);
+    return n;
+  };
+  const peers = (value('peers')?.split(',') ?? [...ALL_PEERS]).map((p) => {
+    if (!(ALL_PEERS as readonly string[]).includes(p)) throw new Error(`unknown peer ${p} (known: ${ALL_PEERS.join(', ')})`);
+    return p as PeerName;
+  });
+  return {
+    mode,
+    reps: num('reps', quick ? 1 : 3),
+    seconds: num('seconds', quick ? 1 : 4),
+    concurrency: list(value('concurrency') ?? '1,16,64'),
+    peers,
+    sseStreams: [1, 32],
+    sseSeconds: num('sse-seconds', quick ? 1 : 4),
+    sseIntervalMs: num('sse-interval-ms', 10),
+    bigMiB: num('big-mib', quick ? 32 : 200),
+    bigRateMiB: num('big-rate-mib', quick ? 32 : 10),
+    idleStreams: list(value('idle') ?? (quick ? '200,1000' : '1000,10000')),
+    ttfhSamples: num('ttfh-samples', quick ? 5 : 10),
+    install: !flags.has('--no-install'),
+    docs: flags.has('--docs') || (mode === 'full' && !flags.has('--no-docs')),
+    cli: value('cli') ?? DEFAULT_CLI,
+    out: value('out'),
+  };
+}

@@ -1,0 +1,149 @@
+/**
+ * The peers under test, each reachable at a loopback port, each with its own upstream port:
+ * direct (the upstream itself, the limit), nginx, the forwarder (default log level info,
+ * and optionally at warn to show what the access line costs), and the cli-proxy.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startNginx } from './nginx.js';
+import { freePort, NOFILE, spawnTracked, stopChild, waitForPort } from './proc.js';
+
+export const ALL_PEERS = ['direct', 'nginx', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
+export type PeerName = (typeof ALL_PEERS)[number];
+
+/** Named upstream resources; each peer maps them to its own URL (the forwarder: one binding each). */
+export type Endpoints = Record<string, string>;
+
+export interface ProcPeer {
+  child: ChildProcess;
+  port: number;
+  logPath: string;
+  /** The processes whose CPU and RSS count as the proxy's. */
+  pids(): number[];
+  stop(): Promise<void>;
+}
+
+export interface Peer {
+  name: PeerName;
+  port: number;
+  upstreamPort: number;
+  /** Path (and query) on the peer for a named endpoint. */
+  path(endpoint: string): string;
+  url(endpoint: string): string;
+  /** The proxy's processes; empty for direct (there is no proxy). */
+  pids(): number[];
+  stop(): Promise<void>;
+}
+
+export interface PeerStartOptions {
+  cli: string;
+  upstreamPort: number;
+  endpoints: Endpoints;
+  /** Extra node flags for the Node peers (`--cpu-prof`, …). */
+  nodeArgs?: string[];
+  workDir: string;
+}
+
+export const BENCH_TOKEN = 'bench-token-0123456789abcdef';
+
+export function bindingIdFor(endpoint: string): string {
+  return `bench_${endpoint}_binding`;
+}
+
+function endpointPath(endpoints: Endpoints, e: string): string {
+  const p = endpoints[e];
+  if (p === undefined) throw new Error(`unknown endpoint ${e}`);
+  return p;
+}
+
+function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upstreamPort: number, path: (e: string) => string): Peer {
+  return {
+    name,
+    port,
+    upstreamPort,
+    path,
+    url: (e) => `http://127.0.0.1:${port}${path(e)}`,
+    pids: () => (proc ? proc.pids() : []),
+    stop: async () => {
+      await proc?.stop();
+    },
+  };
+}
+
+async function startNode(opts: PeerStartOptions, dir: string, args: string[]): Promise<ProcPeer> {
+  const port = await freePort();
+  const logPath = join(dir, 'stdout.log');
+  const out = openSync(logPath, 'a');
+  const env = { ...process.env };
+  delete env.NOTIFY_SOCKET;
+  delete env.WATCHDOG_USEC;
+  const child = spawnTracked(process.execPath, [...(opts.nodeArgs ?? []), opts.cli, ...args, '--listen', `127.0.0.1:${port}`], {
+    stdio: ['ignore', out, out],
+    env,
+    cwd: dir,
+    nofile: NOFILE,
+  });
+  closeSync(out);
+  let exited: string | undefined;
+  child.once('exit', (code, signal) => (exited = `exited ${code ?? signal}`));
+  await Promise.race([
+    waitForPort(port, 15_000),
+    new Promise<never>((_, reject) =>
+      child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n')}`))),
+    ),
+  ]);
+  const pid = child.pid as number;
+  return { child, port, logPath, pids: () => [pid], stop: () => stopChild(child, 'SIGTERM') };
+}
+
+export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise<Peer> {
+  const { endpoints, upstreamPort } = opts;
+  const dir = mkdtempSync(join(opts.workDir, `${name}-`));
+  const up = `http://127.0.0.1:${upstreamPort}`;
+  switch (name) {
+    case 'direct':
+      return makePeer(name, undefined, upstreamPort, upstreamPort, (e) => endpointPath(endpoints, e));
+    case 'nginx': {
+      const port = await freePort();
+      const proc = await startNginx(dir, port, upstreamPort);
+      return makePeer(name, proc, port, upstreamPort, (e) => endpointPath(endpoints, e));
+    }
+    case 'forwarder':
+    case 'forwarder-warn': {
+      const fdir = join(dir, 'mcp-forwarder');
+      mkdirSync(fdir, { recursive: true, mode: 0o700 });
+      const tokenFile = join(fdir, 'bench.token');
+      writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
+      const instances = Object.fromEntries(
+        Object.keys(endpoints).map((e) => [bindingIdFor(e), { instanceId: `bench-${e}`, upstreamUrl: `${up}${endpointPath(endpoints, e)}`, tokenFile }]),
+      );
+      writeFileSync(join(fdir, 'instances.json'), JSON.stringify(instances, null, 2), { mode: 0o600 });
+      const level = name === 'forwarder' ? 'info' : 'warn';
+      const proc = await startNode(opts, dir, ['forwarder', '--state-dir', dir, '--log-level', level]);
+      return makePeer(name, proc, proc.port, upstreamPort, (e) => {
+        endpointPath(endpoints, e);
+        return `/i/${bindingIdFor(e)}/mcp`;
+      });
+    }
+    case 'cli-proxy': {
+      const cdir = join(dir, 'cli-proxy');
+      mkdirSync(cdir, { recursive: true, mode: 0o700 });
+      const tokenFile = join(cdir, 'bench.token');
+      writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
+      const catalog = { bench: { upstream: up, tokenFile, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' } } };
+      writeFileSync(join(cdir, 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
+      const proc = await startNode(opts, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info']);
+      return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`);
+    }
+  }
+}
+
+export function newWorkDir(): string {
+  return mkdtempSync(join(tmpdir(), 'ac-bench-'));
+}
+
+export function removeWorkDir(dir: string): void {
+  rmSync(dir, { recursive: true, force: true });
+}

@@ -1,0 +1,137 @@
+/**
+ * SSE clients: per-event latency (receive time minus the send time the upstream embedded,
+ * on the shared monotonic clock), and the ordered, unbuffered delivery check (ack mode:
+ * the upstream sends event n+1 only after the client acknowledged event n).
+ */
+import { request, type IncomingMessage } from 'node:http';
+import { percentile } from './stats.js';
+import { sseEventText, type SseEvent } from './wire.js';
+
+function openStream(url: string, signal?: AbortSignal): Promise<IncomingMessage> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { agent: false, headers: { accept: 'text/event-stream' }, signal }, (res) => {
+      if (res.statusCode !== 200) {
+        res.resume();
+        reject(new Error(`SSE ${url}: status ${res.statusCode}`));
+        return;
+      }
+      resolve(res);
+    });
+    req.once('error', reject);
+    req.end();
+  });
+}
+
+interface ParsedEvent {
+  raw: string;
+  event: SseEvent & { p: string };
+  recvNs: bigint;
+}
+
+/** Feeds chunks, calls back once per complete event with the time its last byte arrived. */
+function eventSplitter(onEvent: (e: ParsedEvent) => void): (chunk: string) => void {
+  let buf = '';
+  return (chunk) => {
+    const recvNs = process.hrtime.bigint();
+    buf += chunk;
+    let end: number;
+    while ((end = buf.indexOf('\n\n')) !== -1) {
+      const raw = buf.slice(0, end + 2);
+      buf = buf.slice(end + 2);
+      const dataLine = raw.split('\n').find((l) => l.startsWith('data: '));
+      if (!dataLine) continue;
+      onEvent({ raw, event: JSON.parse(dataLine.slice(6)) as SseEvent & { p: string }, recvNs });
+    }
+  };
+}
+
+export interface SseLatency {
+  streams: number;
+  events: number;
+  p50Us: number;
+  p99Us: number;
+  /** Events out of sequence or missing (should be 0). */
+  disorder: number;
+}
+
+/**
+ * Opens `streams` SSE streams at once; each yields `count` events. The first `warm`
+ * events of each stream are not counted (connection set-up, JIT).
+ */
+export async function measureSse(url: string, streams: number, count: number, warm: number): Promise<SseLatency> {
+  const lat: number[] = [];
+  let disorder = 0;
+  const responses = await Promise.all(Array.from({ length: streams }, () => openStream(url)));
+  await Promise.all(
+    responses.map(
+      (res) =>
+        new Promise<void>((resolve, reject) => {
+          let expect = 0;
+          res.setEncoding('latin1');
+          res.on(
+            'data',
+            eventSplitter(({ event, recvNs }) => {
+              if (event.n !== expect) disorder++;
+              expect = event.n + 1;
+              if (event.n >= warm) lat.push(Number(recvNs - BigInt(event.t)) / 1000);
+            }),
+          );
+          res.once('end', () => {
+            if (expect !== count) disorder += count - expect;
+            resolve();
+          });
+          res.once('error', reject);
+        }),
+    ),
+  );
+  lat.sort((a, b) => a - b);
+  return { streams, events: lat.length, p50Us: percentile(lat, 50), p99Us: percentile(lat, 99), disorder };
+}
+
+export interface SseOrderCheck {
+  events: number;
+  inOrder: boolean;
+  /** Every event n>0 was sent after the upstream had seen the client's ack of n-1. */
+  sentAfterPreviousReceived: boolean;
+  byteIdentical: boolean;
+  ended: boolean;
+}
+
+/** Ack mode: proves each event reached the client before the upstream sent the next. */
+export async function checkSseOrder(url: string, count: number, ack: (stream: string, n: number) => Promise<void>, timeoutMs = 10_000): Promise<SseOrderCheck> {
+  const result: SseOrderCheck = { events: 0, inOrder: true, sentAfterPreviousReceived: true, byteIdentical: true, ended: false };
+  // One deadline for headers and every event: a buffering proxy withholds both.
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), timeoutMs);
+  try {
+    const res = await openStream(url, controller.signal);
+    res.setEncoding('latin1');
+    await new Promise<void>((resolve, reject) => {
+      res.on(
+        'data',
+        eventSplitter(({ raw, event }) => {
+          if (event.n !== result.events) result.inOrder = false;
+          if (event.n > 0 && event.a !== event.n - 1) result.sentAfterPreviousReceived = false;
+          const { p, ...fields } = event;
+          if (raw !== sseEventText(fields, p)) result.byteIdentical = false;
+          result.events++;
+          ack(event.s, event.n).catch(reject);
+        }),
+      );
+      res.once('end', () => {
+        result.ended = true;
+        resolve();
+      });
+      res.once('error', reject);
+      res.once('close', () => {
+        if (!result.ended) reject(new Error('stream closed before its end'));
+      });
+    });
+  } catch (err) {
+    if (!controller.signal.aborted) throw err;
+    throw new Error(`SSE order check: ${result.events} of ${count} events within ${timeoutMs} ms (a buffering proxy withholds them)`);
+  } finally {
+    clearTimeout(timer);
+  }
+  return result;
+}
