@@ -699,8 +699,12 @@ t.test('systemd lab: installed units under a real systemd', { skip: skipReason ?
       tt.equal(p.ActiveState, 'inactive', `${unit}: inactive`);
       if (p.Result !== undefined) tt.equal(p.Result, 'success', `${unit}: Result=success`);
     }
-    const last = (await lab.journal(FORWARDER)).split('\n').map(parseLog).filter((l) => l !== undefined).at(-1);
-    tt.match(last, { msg: 'forwarder stopped', clean: true }, 'the forwarder drained and stopped cleanly');
+    const stopped = (await lab.journal(FORWARDER))
+      .split('\n')
+      .map(parseLog)
+      .filter((l) => l !== undefined && l.msg === 'forwarder stopped')
+      .at(-1);
+    tt.match(stopped, { msg: 'forwarder stopped', clean: true }, 'the forwarder drained and stopped cleanly');
     journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
     labStopped = true;
     tt.equal(await lab.shutdown(), 0, 'the lab itself ends cleanly');

@@ -73,7 +73,8 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         server.on('connection', (socket: Socket) => {
           const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
             const ok = uid !== undefined && uids.has(uid);
-            if (!ok) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+            // A client already gone has no entry left to find; nothing to refuse or report.
+            if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
             return ok;
           });
           allowed.set(socket, decision);
