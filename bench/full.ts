@@ -230,9 +230,18 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
                 await sleep(500);
                 const r = await holdIdleStreams(p.url('idle'), n, p.pids());
                 row[p.name] = r;
-                log(`  ${n} idle streams ${p.name}: ${(r.bytesPerStream / 1000).toFixed(1)} KB/stream (opened in ${r.openMs} ms)`);
+                await waitIdleClosed(upstream, p.upstreamPort);
+                await sleep(1_000);
+                r.upstreamConnectionsLeft = (await upstream.stats())[String(p.upstreamPort)]?.connections;
+                log(
+                  `  ${n} idle streams ${p.name}: ${(r.bytesPerStream / 1000).toFixed(1)} KB/stream (opened in ${r.openMs} ms); ` +
+                    `upstream connections still open 1 s after the clients left: ${r.upstreamConnectionsLeft}`,
+                );
               } finally {
                 await waitIdleClosed(upstream, p.upstreamPort);
+                // Whatever the proxy kept open to the upstream goes with the process, so the
+                // shared upstream's fd budget is whole again for the next peer.
+                old = await fresh(p);
               }
             }, 1);
           }

@@ -40,6 +40,8 @@ export interface ProfileRow {
 export interface ProfileSummary {
   totalMs: number;
   requests: number;
+  /** Process CPU per request over the profiled run, from /proc (µs); rows' µs/request are shares of it. */
+  cpuUsPerReq: number | undefined;
   selfByFunction: ProfileRow[];
   selfByGroup: ProfileRow[];
   onStackByGroup: ProfileRow[];
@@ -56,7 +58,7 @@ export function groupOf(f: CallFrame): string {
   return f.url;
 }
 
-export function analyseProfile(p: CpuProfile, requests: number): ProfileSummary {
+export function analyseProfile(p: CpuProfile, requests: number, cpuUsPerReq: number | undefined): ProfileSummary {
   const byId = new Map(p.nodes.map((n) => [n.id, n]));
   const parent = new Map<number, number>();
   for (const n of p.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
@@ -92,20 +94,25 @@ export function analyseProfile(p: CpuProfile, requests: number): ProfileSummary 
       .sort((a, b) => b[1] - a[1])
       .slice(0, n)
       .map(([name, ms]) => ({ name, ms: Math.round(ms), pct: Math.round((ms / total) * 1000) / 10 }));
-  return { totalMs: Math.round(total), requests, selfByFunction: rows(fn, 30), selfByGroup: rows(group, 25), onStackByGroup: rows(onStack, 25) };
+  return { totalMs: Math.round(total), requests, cpuUsPerReq, selfByFunction: rows(fn, 30), selfByGroup: rows(group, 25), onStackByGroup: rows(onStack, 25) };
 }
 
 export function renderProfile(s: ProfileSummary): string {
+  // Samples are wall-clock spaced: on a busy host, time the thread waited for a core counts
+  // as busy. So a row's µs/request is its share of the busy samples times the CPU per
+  // request measured from /proc, not its sampled milliseconds / requests.
+  const perReq = s.cpuUsPerReq ?? (s.totalMs * 1000) / s.requests;
   const table = (title: string, rows: ProfileRow[]): string[] => [
     '',
     `#### ${title}`,
     '',
-    '| | ms | % of busy | µs/request |',
-    '|---|---|---|---|',
-    ...rows.map((r) => `| \`${r.name.replace(/\|/g, '\\|')}\` | ${r.ms} | ${r.pct} | ${((r.ms * 1000) / s.requests).toFixed(1)} |`),
+    '| | % of busy samples | ≈ µs/request |',
+    '|---|---|---|',
+    ...rows.map((r) => `| \`${r.name.replace(/\|/g, '\\|')}\` | ${r.pct} | ${((r.pct / 100) * perReq).toFixed(1)} |`),
   ];
   return [
-    `Forwarder CPU profile: ${s.totalMs} ms busy over ${s.requests} requests = ${((s.totalMs * 1000) / s.requests).toFixed(0)} µs/request (sampled, JS thread only).`,
+    `Forwarder CPU profile (JS thread, sampled): ${s.totalMs} ms of busy samples over ${s.requests} requests; ` +
+      `process CPU ${s.cpuUsPerReq === undefined ? 'not measured' : `${s.cpuUsPerReq.toFixed(0)} µs/request`} (from /proc, with the profiler's overhead).`,
     ...table('Self time by group (package, Node module, project file)', s.selfByGroup),
     ...table('Time with the group anywhere on the stack', s.onStackByGroup),
     ...table('Self time by function', s.selfByFunction),
@@ -128,20 +135,23 @@ export async function runProfile(opts: BenchOptions, log: (s: string) => void): 
     });
     const seconds = Math.max(opts.seconds, 5);
     let requests: number;
+    let cpuUsPerReq: number | undefined;
     if (tools.wrk) {
       const script = writeWrkScript(work);
       const warm = await runWrk({ url: fwd.url('json'), script, connections: 16, seconds: 1, pids: fwd.pids(), upstreamPid: upstream.pid });
       const r = await runWrk({ url: fwd.url('json'), script, connections: 16, seconds, pids: fwd.pids(), upstreamPid: upstream.pid });
       requests = warm.requests + r.requests; // the profile covers the warm-up too
+      cpuUsPerReq = r.cpuUsPerReq;
       log(`profiled run: ${r.rps.toFixed(0)} req/s, proxy CPU ${r.cpuUsPerReq?.toFixed(0)} µs/req (with profiler overhead)`);
     } else {
       const r = await nodeLoad(fwd.url('json'), 16, seconds * 1000, fwd.pids());
       requests = r.requests;
+      cpuUsPerReq = r.cpuUsPerReq;
     }
     await fwd.stop();
     const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
     if (!file) throw new Error('the forwarder wrote no .cpuprofile (did it exit cleanly on SIGTERM?)');
-    const summary = analyseProfile(JSON.parse(readFileSync(join(profDir, file), 'utf8')) as CpuProfile, requests);
+    const summary = analyseProfile(JSON.parse(readFileSync(join(profDir, file), 'utf8')) as CpuProfile, requests, cpuUsPerReq);
     mkdirSync(RESULTS_DIR, { recursive: true });
     const stamp = new Date().toISOString().replace(/[:.]/g, '-');
     const kept = resolve(RESULTS_DIR, `forwarder-${stamp}.cpuprofile`);

@@ -14,7 +14,7 @@
  */
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { BLOCK_SIZE, patternBlock } from './lib/pattern.js';
 import { JSON_RESPONSE, sseEventText, type PortStats, type UpstreamHello } from './lib/wire.js';
 
@@ -141,11 +141,17 @@ async function main(): Promise<void> {
       handle(port, req, res),
     );
     server.maxRequestsPerSocket = 0;
+    server.on('connection', (socket: Socket) => {
+      const st = stats.get(port);
+      if (!st) return;
+      st.connections++;
+      socket.once('close', () => st.connections--);
+    });
     server.timeout = 0;
     server.listen(0, '127.0.0.1', 4096);
     await once(server, 'listening');
     port = (server.address() as AddressInfo).port;
-    stats.set(port, { requests: 0, bigWritten: 0, bigDone: false, idleOpen: 0, sseOpen: 0 });
+    stats.set(port, { requests: 0, bigWritten: 0, bigDone: false, idleOpen: 0, sseOpen: 0, connections: 0 });
     ports.push(port);
   }
   const hello: UpstreamHello = { ports, pid: process.pid };

@@ -41,6 +41,8 @@ export interface IdleStreamsResult {
   baselineRss: number;
   heldRss: number;
   bytesPerStream: number;
+  /** Upstream connections the proxy still held 1 s after every client had gone (set by the caller). */
+  upstreamConnectionsLeft?: number;
 }
 
 const PER_CLIENT = 5_000;

@@ -25,7 +25,7 @@ export function nginxVersion(): string | undefined {
   if (!bin) return undefined;
   // nginx prints its version on stderr.
   const r = spawnSync(bin, ['-v'], { encoding: 'utf8' });
-  return `${r.stdout}${r.stderr}`.trim().replace(/^nginx version:\s*/, '') || undefined;
+  return `${r.stdout}${r.stderr}`.trim().replace(/^nginx version:\s*(nginx\/)?/, '') || undefined;
 }
 
 function workerUser(): string {

@@ -40,7 +40,7 @@ export interface RunSummary {
     sse: Record<string, ByPeer<{ p50Us: Summary; p99Us: Summary; addedP50Us: Summary; addedP99Us: Summary }>>;
     ttfh: ByPeer<{ ms: Summary; addedMs: Summary }>;
     big: ByPeer<{ growthMB: Summary; seconds: Summary }>;
-    idle: Record<string, ByPeer<{ kbPerStream: Summary; openMs: Summary }>>;
+    idle: Record<string, ByPeer<{ kbPerStream: Summary; openMs: Summary; upstreamConnectionsLeft: Summary }>>;
   };
 }
 
@@ -178,6 +178,7 @@ export function summarizeRun(reps: RepResult[], opts: BenchOptions, peers: PeerN
       row[p] = {
         kbPerStream: summarize(perRep(reps, (r) => (r.idle[String(n)]?.[p] ? (r.idle[String(n)]?.[p] as IdleStreamsResult).bytesPerStream / 1000 : undefined))),
         openMs: summarize(perRep(reps, (r) => r.idle[String(n)]?.[p]?.openMs)),
+        upstreamConnectionsLeft: summarize(perRep(reps, (r) => r.idle[String(n)]?.[p]?.upstreamConnectionsLeft)),
       };
     }
   }
@@ -254,19 +255,21 @@ export function renderMarkdown(res: BenchResults): string {
     }
   }
 
+  const maxIdle = Math.max(...o.idleStreams);
   lines.push(
     '',
     '### Idle SSE streams and the large body',
     '',
-    `| peer | time to headers, silent upstream, ms | added ms | ${o.idleStreams.map((n) => `KB/stream at ${idleLabel(n)} idle streams | `).join('')}RSS growth, ${o.bigMiB} MiB at ${o.bigRateMiB} MiB/s, MB |`,
-    `|---|---|---|${o.idleStreams.map(() => '---|').join('')}---|`,
+    `| peer | time to headers, silent upstream, ms | added ms | ${o.idleStreams.map((n) => `KB/stream at ${idleLabel(n)} idle streams | `).join('')}upstream connections still open 1 s after the ${idleLabel(maxIdle)} clients left | RSS growth, ${o.bigMiB} MiB at ${o.bigRateMiB} MiB/s, MB |`,
+    `|---|---|---|${o.idleStreams.map(() => '---|').join('')}---|---|`,
   );
   for (const p of peers) {
     if (p === 'forwarder-warn') continue;
     const t = figures.ttfh[p];
     const idle = o.idleStreams.map((n) => (p === 'direct' ? '–' : fmtSummary(figures.idle[String(n)]?.[p]?.kbPerStream, 1)));
+    const left = p === 'direct' ? '–' : fmtSummary(figures.idle[String(maxIdle)]?.[p]?.upstreamConnectionsLeft, 0);
     lines.push(
-      `| ${p} | ${fmtSummary(t?.ms, 2)} | ${p === 'direct' ? '–' : fmtSummary(t?.addedMs, 2)} | ${idle.join(' | ')} | ${p === 'direct' ? '–' : fmtSummary(figures.big[p]?.growthMB, 1)} |`,
+      `| ${p} | ${fmtSummary(t?.ms, 2)} | ${p === 'direct' ? '–' : fmtSummary(t?.addedMs, 2)} | ${idle.join(' | ')} | ${left} | ${p === 'direct' ? '–' : fmtSummary(figures.big[p]?.growthMB, 1)} |`,
     );
   }
   const errors = res.reps.flatMap((r) => r.errors);

@@ -32,6 +32,8 @@ export interface PortStats {
   bigDone: boolean;
   idleOpen: number;
   sseOpen: number;
+  /** TCP connections open on this port right now (busy or idle keep-alive). */
+  connections: number;
 }
 
 export interface UpstreamHello {
