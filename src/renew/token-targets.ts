@@ -1,9 +1,8 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { z } from 'zod';
+import { parseCatalog } from '../cli-proxy/catalog.js';
+import { readConfigFile } from '../config/parse-json.js';
 import { defaultTokenPath } from '../config/state-dir.js';
 import { readInstances } from '../registry/registry-edit.js';
-import { absolutePathSchema } from '../registry/schema.js';
 import { parseSlotId } from './wire.js';
 
 export interface TargetConfig {
@@ -11,9 +10,6 @@ export interface TargetConfig {
   instancesPath: string;
   providersPath: string;
 }
-
-// Only the field apply needs; the cli-proxy owns the full catalog schema.
-const providersTokenFiles = z.record(z.string(), z.looseObject({ tokenFile: absolutePathSchema }));
 
 /**
  * The token file(s) a slot's token goes to: for `instance:<id>`, every distinct tokenFile
@@ -28,12 +24,9 @@ export async function tokenFilesFor(slot: string, config: TargetConfig): Promise
     const files = new Set(Object.values(all).filter((b) => b.instanceId === parsed.id).map((b) => b.tokenFile));
     return files.size > 0 ? [...files] : [defaultTokenPath(config.stateDir, parsed.id)];
   }
-  const text = await readFile(config.providersPath, 'utf8').catch(() => undefined);
-  if (text !== undefined) {
-    const catalog = providersTokenFiles.safeParse(JSON.parse(text) as unknown);
-    if (!catalog.success) throw new Error('providers.json is invalid; not applying cli tokens until it is fixed');
-    const entry = catalog.data[parsed.id];
-    if (entry) return [entry.tokenFile];
-  }
+  // The same catalog and parser as the cli-proxy: an invalid file throws a ConfigError that
+  // names the file without quoting it, and apply leaves the inbox file for the next run.
+  const catalog = await readConfigFile(config.providersPath, parseCatalog, {});
+  if (Object.hasOwn(catalog, parsed.id)) return [(catalog[parsed.id] as { tokenFile: string }).tokenFile];
   return [join(config.stateDir, 'cli-proxy', `${parsed.id}.token`)];
 }

@@ -498,7 +498,12 @@ t.test('tokenFilesFor cli slots: an invalid providers.json throws', async (t) =>
   const c = targets();
   for (const bad of ['{not json', '[]', '"x"', JSON.stringify({ notion: { tokenFile: 'relative/path' } }), JSON.stringify({ notion: { tokenFile: 42 } }), JSON.stringify({ notion: 'x' })]) {
     writeProviders(c, bad);
-    await t.rejects(tokenFilesFor('cli:notion', c), bad);
+    const err = await tokenFilesFor('cli:notion', c).then(
+      () => undefined,
+      (e: unknown) => e as Error,
+    );
+    t.ok(err, `rejects: ${bad}`);
+    t.notMatch(err?.message ?? '', 'not json', 'the error names the file, never quotes it');
   }
 });
 
@@ -535,7 +540,16 @@ t.test('applyInbox with an invalid providers.json: the cli token is neither appl
   t.ok(e.records.some((r) => r.level === 50), 'the failure is logged');
   for (const line of e.lines) t.notMatch(line, cliBody.token);
 
-  writeProviders(c, JSON.stringify({ notion: { tokenFile: join(c.root, 'cli', 'notion.token') } }));
+  writeProviders(
+    c,
+    JSON.stringify({
+      notion: {
+        upstream: 'https://api.notion.com',
+        tokenFile: join(c.root, 'cli', 'notion.token'),
+        inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' },
+      },
+    }),
+  );
   t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'applied once the catalog is fixed');
   t.strictSame(readTokenFile(join(c.root, 'cli', 'notion.token')), { ok: true, token: cliBody.token });
 });
