@@ -17,7 +17,8 @@ function firstText(result: Awaited<ReturnType<Client['callTool']>>): string | un
 
 t.test('13. an SDK client keeps one MCP session through the forwarder across token renewals', async (t) => {
   const tokens = ['tok-mcp-gen0-7a1b2c', 'tok-mcp-gen1-8d3e4f', 'tok-mcp-gen2-9a5b6c', 'tok-mcp-gen3-0d7e8f'];
-  const upstream = await McpUpstream.start(tokens[0] as string);
+  let accepted = tokens[0] as string;
+  const upstream = await McpUpstream.start({ check: (token) => token === accepted });
   t.teardown(() => upstream.close());
   const fwd = await startForwarder(t);
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-mcp.token');
@@ -43,7 +44,7 @@ t.test('13. an SDK client keeps one MCP session through the forwarder across tok
     if (gen > 0) {
       // Renewal: the token file and the upstream's accepted token rotate together.
       writeToken(tokenFile, token);
-      upstream.acceptedToken = token;
+      accepted = token;
     }
     const echoed = await client.callTool({ name: 'echo', arguments: { text: `gen ${gen}` } });
     t.equal(firstText(echoed), `echo: gen ${gen}`, `generation ${gen}: echo call succeeded`);

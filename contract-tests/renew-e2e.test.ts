@@ -1,4 +1,4 @@
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -6,11 +6,8 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import t from 'tap';
 import { Agent, request } from 'undici';
-import { z } from 'zod';
 import type { RenewAuthority } from '../src/renew/authority.js';
 import {
   checkNoLeaks,
@@ -22,6 +19,7 @@ import {
   type CliProc,
   type ForwarderProc,
 } from './helpers/forwarder-proc.js';
+import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
 import { pollUntil } from './helpers/sse-client.js';
 import type { TapTest } from './helpers/tap-types.js';
@@ -85,26 +83,18 @@ interface Seen {
 
 const TOKEN_SHAPE = /^gw_[A-Za-z0-9_-]{43}$/;
 
-/** Checks a request's bearer token with the Gateway's authority, as the real Gateway would. */
+/** Checks a request's bearer token (undefined without one) with the Gateway's authority, as the real Gateway would. */
 function checkBearer(
-  req: IncomingMessage,
+  token: string | undefined,
   authority: RenewAuthority,
   advertised: Map<string, number>,
 ): { ok: true; tokenId: string; lateMs: number } | { ok: false; problem: string } {
-  const header = req.headers.authorization;
-  const m = header === undefined ? null : /^Bearer (.*)$/.exec(header);
-  if (!m) return { ok: false, problem: 'no bearer token' };
-  const token = m[1] as string;
+  if (token === undefined) return { ok: false, problem: 'no bearer token' };
   const valid = authority.isValidToken(token);
   const exp = advertised.get(token);
   if (valid) return { ok: true, tokenId: valid.tokenId, lateMs: exp === undefined ? 0 : Math.max(0, Date.now() - exp) };
   if (!TOKEN_SHAPE.test(token)) return { ok: false, problem: `partial or malformed token (${token.length} chars)` };
   return { ok: false, problem: exp !== undefined ? `expired (${Date.now() - exp} ms after its advertised expiry)` : 'unknown token' };
-}
-
-function rpcMethodOf(body: unknown): string | undefined {
-  const first: unknown = Array.isArray(body) ? body[0] : body;
-  return first && typeof first === 'object' && 'method' in first && typeof first.method === 'string' ? first.method : undefined;
 }
 
 async function listen(server: Server): Promise<number> {
@@ -139,7 +129,7 @@ class CheckingUpstream {
 
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     // Checked on arrival, before the body: the moment the Gateway would check it.
-    const check = checkBearer(req, this.authority, this.advertised);
+    const check = checkBearer(bearerToken(req.headers.authorization), this.authority, this.advertised);
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     let id: unknown = null;
@@ -165,100 +155,6 @@ class CheckingUpstream {
   }
 
   async close(): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise<void>((r) => this.server.close(() => r()));
-  }
-}
-
-/** An SDK McpServer upstream (stateful Streamable HTTP) that checks each bearer token with the authority. */
-class CheckingMcpUpstream {
-  readonly seen: Seen[] = [];
-  readonly sessions = new Map<string, StreamableHTTPServerTransport>();
-  private readonly servers: McpServer[] = [];
-  private readonly server: Server;
-  port = 0;
-
-  constructor(
-    private readonly authority: RenewAuthority,
-    private readonly advertised: Map<string, number>,
-  ) {
-    this.server = createServer((req, res) => {
-      this.onRequest(req, res).catch(() => res.destroy());
-    });
-  }
-
-  async start(): Promise<this> {
-    this.port = await listen(this.server);
-    return this;
-  }
-
-  url(): string {
-    return `http://127.0.0.1:${this.port}/mcp`;
-  }
-
-  private newSession(): StreamableHTTPServerTransport {
-    const server = new McpServer({ name: 'renew-e2e-gateway', version: '1.0.0' });
-    server.registerTool('echo', { description: 'echoes its text', inputSchema: { text: z.string() } }, ({ text }) => ({
-      content: [{ type: 'text', text: `echo: ${text}` }],
-    }));
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
-      sessionIdGenerator: () => randomUUID(),
-      onsessioninitialized: (id) => {
-        this.sessions.set(id, transport);
-      },
-    });
-    transport.onclose = () => {
-      if (transport.sessionId) this.sessions.delete(transport.sessionId);
-    };
-    this.servers.push(server);
-    void server.connect(transport);
-    return transport;
-  }
-
-  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const check = checkBearer(req, this.authority, this.advertised);
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
-    const raw = Buffer.concat(chunks).toString('utf8');
-    let parsed: unknown;
-    try {
-      parsed = raw.length > 0 ? (JSON.parse(raw) as unknown) : undefined;
-    } catch {
-      parsed = undefined;
-    }
-    const header = req.headers['mcp-session-id'];
-    const sessionId = Array.isArray(header) ? header[0] : header;
-    const seen: Seen = {
-      valid: check.ok,
-      tokenId: check.ok ? check.tokenId : undefined,
-      sessionId,
-      method: req.method ?? '',
-      rpcMethod: rpcMethodOf(parsed),
-    };
-    if (check.ok && check.lateMs > 0) seen.lateMs = check.lateMs;
-    this.seen.push(seen);
-    if (!check.ok) {
-      seen.problem = check.problem;
-      res.writeHead(401, { 'content-type': 'application/json' });
-      res.end('{"error":"invalid_token"}');
-      return;
-    }
-    let transport: StreamableHTTPServerTransport | undefined;
-    if (sessionId) {
-      transport = this.sessions.get(sessionId);
-      if (!transport) {
-        res.writeHead(404, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32001, message: 'Session not found' } }));
-        return;
-      }
-    } else {
-      transport = this.newSession();
-    }
-    await transport.handleRequest(req, res, parsed);
-  }
-
-  async close(): Promise<void> {
-    await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
     this.server.closeAllConnections();
     await new Promise<void>((r) => this.server.close(() => r()));
   }
@@ -433,7 +329,7 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 2_000, slots: [slot] });
   t.teardown(() => gw.close());
   const advertised = advertiseLifetime(gw.authority, 600);
-  const upstream = await new CheckingMcpUpstream(gw.authority, advertised).start();
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: (token) => checkBearer(token, gw.authority, advertised) });
   t.teardown(() => upstream.close());
   const fwd = await startForwarder(t);
   const bindingId = 'bind_renew_mcp_01';

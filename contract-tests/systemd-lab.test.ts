@@ -1,15 +1,9 @@
-import { randomBytes, randomUUID } from 'node:crypto';
-import { once } from 'node:events';
+import { randomBytes } from 'node:crypto';
 import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import t from 'tap';
-import { z } from 'zod';
 import type { RenewAuthority } from '../src/renew/authority.js';
 import { CLI, tempDir } from './helpers/forwarder-proc.js';
 import {
@@ -24,6 +18,7 @@ import {
   run,
   type SystemUser,
 } from './helpers/lab.js';
+import { McpUpstream, type TokenVerdict } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
 import type { TapTest } from './helpers/tap-types.js';
 
@@ -61,110 +56,17 @@ const TOKEN_LIFETIME_MS = 15_000;
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-/** What the upstream saw of one request. */
-interface Seen {
-  valid: boolean;
-  tokenId: string | undefined;
-  sessionId: string | undefined;
-  rpcMethod: string | undefined;
-  problem?: string;
-}
-
-function rpcMethodOf(body: unknown): string | undefined {
-  const first: unknown = Array.isArray(body) ? body[0] : body;
-  return first && typeof first === 'object' && 'method' in first && typeof first.method === 'string' ? first.method : undefined;
-}
-
 /**
- * The Gateway's MCP endpoint: an SDK McpServer (stateful Streamable HTTP) that checks
- * every bearer token with the mock renewal Gateway's own authority, as a real Gateway
- * would (401 for anything it did not mint, or minted but expired).
+ * The token check of the Gateway's MCP endpoint (an `McpUpstream`): every bearer token goes
+ * to the mock renewal Gateway's own authority, as at a real Gateway (401 for anything it did
+ * not mint, or minted but expired).
  */
-class CheckingMcpUpstream {
-  readonly seen: Seen[] = [];
-  private readonly sessions = new Map<string, StreamableHTTPServerTransport>();
-  private readonly servers: McpServer[] = [];
-  private readonly server: Server;
-  port = 0;
-
-  constructor(private readonly authority: RenewAuthority) {
-    this.server = createServer((req, res) => {
-      this.onRequest(req, res).catch(() => res.destroy());
-    });
-  }
-
-  async start(): Promise<this> {
-    this.server.listen(0, '127.0.0.1');
-    await once(this.server, 'listening');
-    this.port = (this.server.address() as AddressInfo).port;
-    return this;
-  }
-
-  url(): string {
-    return `http://127.0.0.1:${this.port}/mcp`;
-  }
-
-  private newSession(): StreamableHTTPServerTransport {
-    const server = new McpServer({ name: 'lab-gateway', version: '1.0.0' });
-    server.registerTool('echo', { description: 'echoes its text', inputSchema: { text: z.string() } }, ({ text }) => ({
-      content: [{ type: 'text', text: `echo: ${text}` }],
-    }));
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
-      sessionIdGenerator: () => randomUUID(),
-      onsessioninitialized: (id) => {
-        this.sessions.set(id, transport);
-      },
-    });
-    transport.onclose = () => {
-      if (transport.sessionId) this.sessions.delete(transport.sessionId);
-    };
-    this.servers.push(server);
-    void server.connect(transport);
-    return transport;
-  }
-
-  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const header = req.headers.authorization;
-    const bearer = header === undefined ? undefined : /^Bearer (.+)$/.exec(header)?.[1];
-    const valid = bearer === undefined ? undefined : this.authority.isValidToken(bearer);
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
-    const raw = Buffer.concat(chunks).toString('utf8');
-    let parsed: unknown;
-    try {
-      parsed = raw.length > 0 ? (JSON.parse(raw) as unknown) : undefined;
-    } catch {
-      parsed = undefined;
-    }
-    const sessionHeader = req.headers['mcp-session-id'];
-    const sessionId = Array.isArray(sessionHeader) ? sessionHeader[0] : sessionHeader;
-    const seen: Seen = { valid: Boolean(valid), tokenId: valid?.tokenId, sessionId, rpcMethod: rpcMethodOf(parsed) };
-    this.seen.push(seen);
-    if (!valid) {
-      seen.problem = bearer === undefined ? 'no bearer token' : 'a token the Gateway did not mint or that expired';
-      res.writeHead(401, { 'content-type': 'application/json' });
-      res.end('{"error":"invalid_token"}');
-      return;
-    }
-    let transport: StreamableHTTPServerTransport | undefined;
-    if (sessionId) {
-      transport = this.sessions.get(sessionId);
-      if (!transport) {
-        res.writeHead(404, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32001, message: 'Session not found' } }));
-        return;
-      }
-    } else {
-      transport = this.newSession();
-    }
-    await transport.handleRequest(req, res, parsed);
-  }
-
-  async close(): Promise<void> {
-    await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
-    this.server.closeAllConnections();
-    await new Promise<void>((r) => this.server.close(() => r()));
-  }
+function checkWith(authority: RenewAuthority): (token: string | undefined) => TokenVerdict {
+  return (token) => {
+    if (!token) return { ok: false, problem: 'no bearer token' };
+    const valid = authority.isValidToken(token);
+    return valid ? { ok: true, tokenId: valid.tokenId } : { ok: false, problem: 'a token the Gateway did not mint or that expired' };
+  };
 }
 
 /** A pino JSON line of a unit's journal, or undefined for anything else. */
@@ -301,7 +203,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: skipReason ?
     if (result.status === 200 && 'token' in result.body) minted.push(result.body.token);
     return result;
   };
-  const upstream = await new CheckingMcpUpstream(gw.authority).start();
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
   // ---- the units as installed, plus the lab's drop-ins ------------------------------------

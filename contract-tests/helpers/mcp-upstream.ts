@@ -6,16 +6,44 @@ import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { z } from 'zod';
 
+/** What a token check decided: accepted, or refused and why (never the token itself). */
+export type TokenVerdict = { ok: true; tokenId?: string } | { ok: false; problem: string };
+
+/** The tools a session can offer. */
+export type McpTool = 'echo' | 'progress';
+
+export interface McpUpstreamOptions {
+  /**
+   * Decides each request's bearer token (undefined without `Authorization: Bearer`), on
+   * arrival, before the body is read: the moment a Gateway would check it. `true` or
+   * `{ ok: true }` serves the request; anything else is answered 401.
+   */
+  check: (token: string | undefined) => boolean | TokenVerdict;
+  /** The tools every session registers (default: all of them). */
+  tools?: readonly McpTool[];
+}
+
 /** One HTTP request as the MCP upstream saw it. */
 export interface McpSeen {
   method: string;
   /** The bearer token it carried (undefined without `Authorization: Bearer`). */
   token: string | undefined;
+  /** Whether the check accepted the token. */
+  valid: boolean;
+  /** The accepted token's id, if the check named one. */
+  tokenId?: string;
+  /** Why the check refused the token. */
+  problem?: string;
   sessionId: string | undefined;
   /** JSON-RPC method (first message of a POST), if any. */
   rpcMethod: string | undefined;
   /** What the upstream answered (set when the answer finished or the request closed). */
   status?: number;
+}
+
+/** The token of an `Authorization: Bearer <token>` header, else undefined. */
+export function bearerToken(header: string | undefined): string | undefined {
+  return header?.startsWith('Bearer ') ? header.slice('Bearer '.length) : undefined;
 }
 
 function rpcMethodOf(body: unknown): string | undefined {
@@ -27,26 +55,25 @@ function rpcMethodOf(body: unknown): string | undefined {
 /**
  * A real MCP server (the official SDK's `McpServer` behind a stateful
  * `StreamableHTTPServerTransport`, one per session, kept in a map keyed by
- * `mcp-session-id`) acting as the Gateway. It accepts only `Bearer <acceptedToken>`
- * (401 otherwise, as a Gateway would) and records every request it saw.
+ * `mcp-session-id`) acting as the Gateway. It serves only requests whose bearer token
+ * `options.check` accepts (401 otherwise, as a Gateway would) and records every request
+ * it saw.
  */
 export class McpUpstream {
-  acceptedToken: string;
   readonly seen: McpSeen[] = [];
   readonly sessions = new Map<string, StreamableHTTPServerTransport>();
   private readonly servers: McpServer[] = [];
   private readonly http: Server;
   port = 0;
 
-  private constructor(acceptedToken: string) {
-    this.acceptedToken = acceptedToken;
+  private constructor(private readonly options: McpUpstreamOptions) {
     this.http = createServer((req, res) => {
       this.onRequest(req, res).catch(() => res.destroy());
     });
   }
 
-  static async start(acceptedToken: string): Promise<McpUpstream> {
-    const up = new McpUpstream(acceptedToken);
+  static async start(options: McpUpstreamOptions): Promise<McpUpstream> {
+    const up = new McpUpstream(options);
     up.http.listen(0, '127.0.0.1');
     await once(up.http, 'listening');
     up.port = (up.http.address() as AddressInfo).port;
@@ -59,27 +86,32 @@ export class McpUpstream {
 
   private newSession(): StreamableHTTPServerTransport {
     const server = new McpServer({ name: 'mock-gateway-mcp', version: '1.0.0' });
-    server.registerTool(
-      'echo',
-      { description: 'echoes its text', inputSchema: { text: z.string() } },
-      ({ text }) => ({ content: [{ type: 'text', text: `echo: ${text}` }] }),
-    );
-    server.registerTool(
-      'progress',
-      { description: 'reports progress, then answers', inputSchema: { steps: z.number().int().positive() } },
-      async ({ steps }, extra) => {
-        const progressToken = extra._meta?.progressToken;
-        for (let i = 1; i <= steps; i++) {
-          if (progressToken !== undefined) {
-            await extra.sendNotification({
-              method: 'notifications/progress',
-              params: { progressToken, progress: i, total: steps, message: `step ${i}` },
-            });
+    const tools = this.options.tools ?? ['echo', 'progress'];
+    if (tools.includes('echo')) {
+      server.registerTool(
+        'echo',
+        { description: 'echoes its text', inputSchema: { text: z.string() } },
+        ({ text }) => ({ content: [{ type: 'text', text: `echo: ${text}` }] }),
+      );
+    }
+    if (tools.includes('progress')) {
+      server.registerTool(
+        'progress',
+        { description: 'reports progress, then answers', inputSchema: { steps: z.number().int().positive() } },
+        async ({ steps }, extra) => {
+          const progressToken = extra._meta?.progressToken;
+          for (let i = 1; i <= steps; i++) {
+            if (progressToken !== undefined) {
+              await extra.sendNotification({
+                method: 'notifications/progress',
+                params: { progressToken, progress: i, total: steps, message: `step ${i}` },
+              });
+            }
           }
-        }
-        return { content: [{ type: 'text', text: `done after ${steps} steps` }] };
-      },
-    );
+          return { content: [{ type: 'text', text: `done after ${steps} steps` }] };
+        },
+      );
+    }
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
@@ -95,6 +127,10 @@ export class McpUpstream {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const token = bearerToken(req.headers.authorization);
+    // Checked on arrival, before the body: the moment the Gateway would check it.
+    const checked = this.options.check(token);
+    const verdict: TokenVerdict = typeof checked === 'boolean' ? (checked ? { ok: true } : { ok: false, problem: 'refused' }) : checked;
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const raw = Buffer.concat(chunks).toString('utf8');
@@ -106,21 +142,17 @@ export class McpUpstream {
         parsed = undefined;
       }
     }
-    const auth = req.headers.authorization;
     const sessionHeader = req.headers['mcp-session-id'];
     const sessionId = Array.isArray(sessionHeader) ? sessionHeader[0] : sessionHeader;
-    const seen: McpSeen = {
-      method: req.method ?? '',
-      token: auth?.startsWith('Bearer ') ? auth.slice('Bearer '.length) : undefined,
-      sessionId,
-      rpcMethod: rpcMethodOf(parsed),
-    };
+    const seen: McpSeen = { method: req.method ?? '', token, valid: verdict.ok, sessionId, rpcMethod: rpcMethodOf(parsed) };
+    if (verdict.ok && verdict.tokenId !== undefined) seen.tokenId = verdict.tokenId;
     this.seen.push(seen);
     res.once('close', () => {
       seen.status = res.statusCode;
     });
 
-    if (seen.token !== this.acceptedToken) {
+    if (!verdict.ok) {
+      seen.problem = verdict.problem;
       const body = JSON.stringify({ error: 'invalid_token' });
       res.writeHead(401, {
         'content-type': 'application/json',
