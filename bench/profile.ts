@@ -134,17 +134,19 @@ export async function runProfile(opts: BenchOptions, log: (s: string) => void): 
       nodeArgs: ['--cpu-prof', '--cpu-prof-dir', profDir, '--cpu-prof-interval', '200'],
     });
     const seconds = Math.max(opts.seconds, 5);
+    // One --concurrency value profiles at that load; the default list means c=16.
+    const connections = opts.concurrency.length === 1 ? (opts.concurrency[0] as number) : 16;
     let requests: number;
     let cpuUsPerReq: number | undefined;
     if (tools.wrk) {
       const script = writeWrkScript(work);
-      const warm = await runWrk({ url: fwd.url('json'), script, connections: 16, seconds: 1, pids: fwd.pids(), upstreamPid: upstream.pid });
-      const r = await runWrk({ url: fwd.url('json'), script, connections: 16, seconds, pids: fwd.pids(), upstreamPid: upstream.pid });
+      const warm = await runWrk({ url: fwd.url('json'), script, connections, seconds: 1, pids: fwd.pids(), upstreamPid: upstream.pid });
+      const r = await runWrk({ url: fwd.url('json'), script, connections, seconds, pids: fwd.pids(), upstreamPid: upstream.pid });
       requests = warm.requests + r.requests; // the profile covers the warm-up too
       cpuUsPerReq = r.cpuUsPerReq;
-      log(`profiled run: ${r.rps.toFixed(0)} req/s, proxy CPU ${r.cpuUsPerReq?.toFixed(0)} µs/req (with profiler overhead)`);
+      log(`profiled run at c=${connections}: ${r.rps.toFixed(0)} req/s, proxy CPU ${r.cpuUsPerReq?.toFixed(0)} µs/req (with profiler overhead)`);
     } else {
-      const r = await nodeLoad(fwd.url('json'), 16, seconds * 1000, fwd.pids());
+      const r = await nodeLoad(fwd.url('json'), connections, seconds * 1000, fwd.pids());
       requests = r.requests;
       cpuUsPerReq = r.cpuUsPerReq;
     }

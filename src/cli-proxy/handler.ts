@@ -3,10 +3,9 @@ import { Transform, type TransformCallback } from 'node:stream';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
 import { AppError } from '../errors.js';
-import { dispatchUpstream } from '../http/dispatch.js';
 import { dropHeaderRecord, dropRawHeaders, firstValue } from '../http/headers.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
-import { streamResponse } from '../http/respond.js';
+import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
 import type { Catalog } from './catalog.js';
@@ -25,7 +24,7 @@ const REFUSED_METHODS = new Set(['CONNECT', 'TRACE']);
 const ALLOWED_METHODS = 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
 
 export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
-  return createRequestPipeline(deps, (req, res, rec, signal) => handle(deps, req, res, rec, signal));
+  return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
 }
 
 /** Counts request bytes on their way upstream and fails the upload past the limit. */
@@ -46,7 +45,7 @@ class BodyLimit extends Transform {
   }
 }
 
-async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal): Promise<void> {
+async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> {
   const r = routeCli(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -84,9 +83,10 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const hasBody = declared !== undefined ? Number(declared) > 0 : req.headers['transfer-encoding'] !== undefined;
   const limiter = hasBody ? new BodyLimit(deps.bodyLimit) : undefined;
   if (limiter) req.pipe(limiter);
-  let upstream;
+  const call = new UpstreamCall(deps.agent, { target: upstreamTarget(url), method, headers, body: limiter ?? null }, res);
+  let upstream: UpstreamHead;
   try {
-    upstream = await dispatchUpstream(deps.agent, { url, method, headers, body: limiter ?? null, signal });
+    upstream = await call.head;
   } catch (err) {
     if (limiter?.exceeded) throw new AppError('payload_too_large');
     throw err;
@@ -105,8 +105,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     }
     out.location = rewritten;
   }
-  const outcome = await streamResponse(res, upstream, out, (n) => {
-    rec.bytesOut += n;
-  });
+  const outcome = await call.pipe(upstream.statusCode, out);
+  rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;
 }

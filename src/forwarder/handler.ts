@@ -2,11 +2,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
 import { AppError } from '../errors.js';
-import { dispatchUpstream, type UpstreamResponse } from '../http/dispatch.js';
-import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy } from '../http/headers.js';
+import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
 import { readBody } from '../http/request-body.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
-import { streamResponse } from '../http/respond.js';
+import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../registry/schema.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
@@ -21,16 +20,22 @@ export interface ForwarderDeps extends PipelineDeps {
 }
 
 export function createForwarderHandler(deps: ForwarderDeps): (req: IncomingMessage, res: ServerResponse) => void {
-  return createRequestPipeline(deps, (req, res, rec, signal) => handle(deps, req, res, rec, signal));
+  return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
 }
 
-async function handle(
-  deps: ForwarderDeps,
-  req: IncomingMessage,
-  res: ServerResponse,
-  rec: AccessRecord,
-  signal: AbortSignal,
-): Promise<void> {
+/** Parsed once per binding object: a reload replaces the objects, so entries never go stale. */
+const targets = new WeakMap<Binding, UpstreamTarget>();
+
+function targetOf(binding: Binding): UpstreamTarget {
+  let target = targets.get(binding);
+  if (!target) {
+    target = upstreamTarget(new URL(binding.upstreamUrl));
+    targets.set(binding, target);
+  }
+  return target;
+}
+
+async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> {
   const r = route(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -68,20 +73,22 @@ async function handle(
   const baseHeaders = filterRawHeaders(req.rawHeaders, agentToUpstreamPolicy);
   baseHeaders['x-request-id'] = rec.reqId;
 
-  let upstream = await send(deps, binding, method, baseHeaders, body, token, signal);
-  rec.upstreamStatus = upstream.statusCode;
-  if (upstream.statusCode === 401) {
-    await upstream.body.dump().catch(() => undefined);
+  let call = send(deps, binding, res, method, baseHeaders, body, token);
+  let head = await call.head;
+  rec.upstreamStatus = head.statusCode;
+  if (head.statusCode === 401) {
+    await call.discard();
     // Only renewal can fix a rejected token. If it already did (the file changed while
     // the request was in flight), one retry with the new token saves the agent an error.
     const again = readTokenFile(binding.tokenFile);
     if (again.ok && again.token !== token) {
       rec.retried = true;
-      upstream = await send(deps, binding, method, baseHeaders, body, again.token, signal);
-      rec.upstreamStatus = upstream.statusCode;
+      call = send(deps, binding, res, method, baseHeaders, body, again.token);
+      head = await call.head;
+      rec.upstreamStatus = head.statusCode;
     }
-    if (upstream.statusCode === 401) {
-      await upstream.body.dump().catch(() => undefined);
+    if (head.statusCode === 401) {
+      await call.discard();
       deps.log.warn(
         { reqId: rec.reqId, instanceId: binding.instanceId },
         'upstream rejected the token (401); renewal may be failing',
@@ -90,27 +97,28 @@ async function handle(
     }
   }
 
-  const headers = filterHeaderRecord(upstream.headers, upstreamToAgentPolicy);
-  const outcome = await streamResponse(res, upstream, headers, (n) => {
-    rec.bytesOut += n;
-  });
+  const outcome = await call.pipe(head.statusCode, filterHeaderRecord(head.headers, upstreamToAgentPolicy));
+  rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;
 }
 
 function send(
   deps: ForwarderDeps,
   binding: Binding,
+  res: ServerResponse,
   method: string,
-  baseHeaders: Record<string, string | string[]>,
+  baseHeaders: HeaderRecord,
   body: Buffer,
   token: string,
-  signal: AbortSignal,
-): Promise<UpstreamResponse> {
-  return dispatchUpstream(deps.agent, {
-    url: new URL(binding.upstreamUrl),
-    method,
-    headers: { ...baseHeaders, authorization: `Bearer ${token}` },
-    body: body.length > 0 ? body : null,
-    signal,
-  });
+): UpstreamCall {
+  return new UpstreamCall(
+    deps.agent,
+    {
+      target: targetOf(binding),
+      method,
+      headers: { ...baseHeaders, authorization: `Bearer ${token}` },
+      body: body.length > 0 ? body : null,
+    },
+    res,
+  );
 }

@@ -1,7 +1,6 @@
-import type { Readable } from 'node:stream';
-import { Agent, errors as undiciErrors } from 'undici';
+import { Agent, buildConnector, errors as undiciErrors } from 'undici';
+import type { Socket } from 'node:net';
 import { AppError } from '../errors.js';
-import type { HeaderRecord } from './headers.js';
 
 export interface UpstreamOptions {
   /** Time allowed for the upstream's response headers. Tool calls can be long. */
@@ -14,50 +13,42 @@ export const defaultUpstreamOptions: UpstreamOptions = {
   connectTimeoutMs: 10_000,
 };
 
-export interface UpstreamRequest {
-  url: URL;
-  method: string;
-  headers: HeaderRecord;
-  body?: Buffer | Readable | null;
-  signal: AbortSignal;
-}
-
-export interface UpstreamResponse {
-  statusCode: number;
-  headers: Record<string, string | string[] | undefined>;
-  body: Readable & { dump(opts?: { limit: number }): Promise<void> };
-}
-
 /**
  * Creates the upstream dispatcher. `bodyTimeout: 0`: undici's default 300 s would cut a
  * silent SSE stream or a long tool call. TLS verification stays on (undici's default);
  * nothing here can turn it off. Redirects are never followed (plain dispatch).
  */
 export function createUpstreamAgent(options: UpstreamOptions = defaultUpstreamOptions): Agent {
+  const connector = buildConnector({ timeout: options.connectTimeoutMs });
   return new Agent({
     headersTimeout: options.headersTimeoutMs,
     bodyTimeout: 0,
-    connect: { timeout: options.connectTimeoutMs },
+    connect: (opts, callback) => {
+      connector(opts, (...result) => {
+        if (result[1]) closeIfNeverUsed(result[1]);
+        callback(...result);
+      });
+    },
     keepAliveTimeout: 4_000,
     pipelining: 1,
   });
 }
 
-/** Sends one request upstream; resolves at the upstream's response headers. */
-export async function dispatchUpstream(agent: Agent, req: UpstreamRequest): Promise<UpstreamResponse> {
-  try {
-    const res = await agent.request({
-      origin: req.url.origin,
-      path: req.url.pathname + req.url.search,
-      method: req.method as 'GET',
-      headers: req.headers,
-      body: req.body ?? null,
-      signal: req.signal,
-    });
-    return res as unknown as UpstreamResponse;
-  } catch (err) {
-    throw mapUpstreamError(err, req.signal);
-  }
+/** How long a fresh upstream connection may stay without carrying a request. */
+export const UNUSED_CONNECTION_MS = 1_000;
+
+/**
+ * undici (7.x, nodejs/undici#5845) reconnects after a request is aborted mid-response —
+ * every SSE stream an agent closes — only to find the request gone, and that new
+ * connection carries no keep-alive timer: it would idle until the Gateway closes it. A
+ * connection that has not written a byte this long after connecting is such a leftover
+ * (a real request is written as soon as the socket connects); closing it costs nothing,
+ * undici connects again on demand.
+ */
+function closeIfNeverUsed(socket: Socket): void {
+  setTimeout(() => {
+    if (socket.bytesWritten === 0 && !socket.destroyed) socket.destroy();
+  }, UNUSED_CONNECTION_MS).unref();
 }
 
 /** Raised when the request was aborted by us (the agent went away): nobody to answer. */
@@ -73,8 +64,8 @@ export class AbortedError extends Error {
  * the upstream's host, port, path, errno or TLS text: only the code's fixed message.
  * Timeouts are 504; refused/reset/DNS/TLS and anything else from the socket are 502.
  */
-export function mapUpstreamError(err: unknown, signal?: AbortSignal): AppError | AbortedError {
-  if (signal?.aborted) return new AbortedError();
+export function mapUpstreamError(err: unknown, clientGone: boolean): AppError | AbortedError {
+  if (clientGone) return new AbortedError();
   if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.ConnectTimeoutError) {
     return new AppError('upstream_timeout');
   }

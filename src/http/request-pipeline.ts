@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AppError, sendError, toAppError } from '../errors.js';
+import { accessLogFor } from '../log/access-line.js';
 import type { Logger } from '../log/logger.js';
 import { AbortedError } from './dispatch.js';
 import { firstValue } from './headers.js';
@@ -35,30 +36,28 @@ export interface PipelineDeps {
   peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
 }
 
-export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, signal: AbortSignal) => Promise<void>;
+export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord) => Promise<void>;
 
 /**
- * The shared front of every loopback server (forwarder and cli-proxy): request id, abort
- * on agent disconnect, in-flight tracking for graceful shutdown, loopback Host/Origin
+ * The shared front of every loopback server (forwarder and cli-proxy): request id,
+ * in-flight tracking for graceful shutdown, loopback Host/Origin
  * checks before any routing, one access-log line, and the one place where any error
  * becomes its JSON answer.
  */
 export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): (req: IncomingMessage, res: ServerResponse) => void {
   const { log } = deps;
+  const access = accessLogFor(log);
   return (req, res) => {
     const started = process.hrtime.bigint();
     const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
-    const controller = new AbortController();
     res.once('close', () => {
-      if (!res.writableFinished) {
-        controller.abort();
-        if (rec.outcome === 'ok') rec.outcome = 'client_closed';
-      }
+      if (!res.writableFinished && rec.outcome === 'ok') rec.outcome = 'client_closed';
       rec.status = res.statusCode;
       const durationMs = Number(process.hrtime.bigint() - started) / 1e6;
-      log.info({ ...rec, durationMs: Math.round(durationMs * 1000) / 1000 }, 'access');
+      rec.durationMs = Math.round(durationMs * 1000) / 1000;
+      access(rec);
     });
-    deps.inflight.add(res, () => controller.abort());
+    deps.inflight.add(res);
 
     const run = async (): Promise<void> => {
       if (deps.stopping()) {
@@ -71,7 +70,7 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
       }
       if (!checkHost(req.headers.host, deps.port()).ok) throw new AppError('forbidden_host');
       if (!checkOrigin(firstValue(req.headers.origin)).ok) throw new AppError('forbidden_origin');
-      await route(req, res, rec, controller.signal);
+      await route(req, res, rec);
     };
     run().catch((err: unknown) => {
       if (err instanceof AbortedError || err instanceof ClientGoneError) {

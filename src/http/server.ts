@@ -67,12 +67,11 @@ export function listen(server: Server, address: ListenAddress): Promise<AddressI
 /** Tracks responses still in flight so shutdown can wait for them, then cut the rest. */
 export class InFlight {
   private readonly active = new Set<ServerResponse>();
-  private readonly aborters = new WeakMap<ServerResponse, () => void>();
   private waiters: Array<() => void> = [];
 
-  add(res: ServerResponse, abort: () => void): void {
+  /** Cutting a response (`res.destroy()`) also aborts its upstream request (UpstreamCall). */
+  add(res: ServerResponse): void {
     this.active.add(res);
-    this.aborters.set(res, abort);
     res.once('close', () => {
       this.active.delete(res);
       if (this.active.size === 0) {
@@ -98,10 +97,7 @@ export class InFlight {
     ]);
     clearTimeout(timer);
     if (!finished) {
-      for (const res of [...this.active]) {
-        this.aborters.get(res)?.();
-        res.destroy();
-      }
+      for (const res of [...this.active]) res.destroy();
     }
     return finished;
   }

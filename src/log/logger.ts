@@ -1,4 +1,5 @@
 import { pino, type Logger } from 'pino';
+import { stdoutSink } from './sink.js';
 
 export type { Logger };
 
@@ -34,6 +35,6 @@ export function createLogger(level: LogLevel = 'info', name = 'agent-connectors'
         censor: '[redacted]',
       },
     },
-    pino.destination({ dest: 1, sync: true }),
+    stdoutSink(),
   );
 }

@@ -40,10 +40,15 @@ export function readTokenFile(path: string): TokenRead {
     return { ok: false, reason: code === 'ENOENT' || code === 'ENOTDIR' ? 'missing' : 'unreadable' };
   }
   try {
-    if (!fstatSync(fd).isFile()) return { ok: false, reason: 'missing' };
+    const st = fstatSync(fd);
+    if (!st.isFile()) return { ok: false, reason: 'missing' };
     const buf = Buffer.allocUnsafe(READ_LIMIT);
     let len = 0;
-    while (len < READ_LIMIT) {
+    // Stop once the size fstat reported has been read: saves the read(2) that would only
+    // say end-of-file. A file that grew meanwhile was replaced in place, not by rename;
+    // what was read is what the file held when it was opened (and is validated anyway).
+    const want = Math.min(READ_LIMIT, st.size === 0 ? READ_LIMIT : st.size);
+    while (len < want) {
       const n = readSync(fd, buf, len, READ_LIMIT - len, null);
       if (n === 0) break;
       len += n;

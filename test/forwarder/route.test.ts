@@ -87,6 +87,19 @@ t.test('mcpMethodOf: from the JSON-RPC body', async (t) => {
   t.equal(m('[{"jsonrpc":"2.0","id":1,"result":{}}]'), 'response');
 });
 
+t.test('mcpMethodOf: the head-of-message shortcut agrees with parsing', async (t) => {
+  const m = (s: string): string | undefined => mcpMethodOf(undefined, Buffer.from(s));
+  t.equal(m('{"jsonrpc":"2.0","id":"abc","method":"tools/call","params":{}}'), 'tools/call', 'string id');
+  t.equal(m(' { "id" : -7 , "jsonrpc" : "2.0" , "method" : "ping" }'), 'ping', 'whitespace, keys in another order');
+  t.equal(m('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"method":"inner"}}'), 'tools/call', 'a nested "method" is not the method');
+  t.equal(m('{"jsonrpc":"2.0","method":"first","method":"second"}'), 'second', 'a repeated key: the last one, as JSON.parse');
+  t.equal(m('{"jsonrpc":"2.0","method":"a\\"b"}'), 'a"b', 'an escaped quote in the name');
+  t.equal(m('{"jsonrpc":"2.0","method":"caf\\u00e9"}'), 'café', 'a unicode escape');
+  t.equal(m('{"jsonrpc":"2.0","method":"café"}'), 'café', 'UTF-8 in the name');
+  t.equal(m('{"id":1,"params":{"method":"x"}}'), undefined, 'only a nested method: none');
+  t.equal(m('{"params":{},"method":"late"}'), 'late', 'method after params (parsed)');
+});
+
 t.test('mcpMethodOf: nothing to say', async (t) => {
   const m = (s: string | Buffer): string | undefined => mcpMethodOf(undefined, typeof s === 'string' ? Buffer.from(s) : s);
   for (const s of ['', 'not json', '{', 'null', '42', '"tools/list"', '[]', '{}', '{"method":42}', '{"method":null}', '[null]', '{"jsonrpc":"2.0","id":1,"error":{"code":-1}}']) {
