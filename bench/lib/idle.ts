@@ -41,7 +41,7 @@ export interface IdleStreamsResult {
   baselineRss: number;
   heldRss: number;
   bytesPerStream: number;
-  /** Upstream connections the proxy still held 1 s after every client had gone (set by the caller). */
+  /** Upstream connections the proxy still held 3 s after every client had gone (set by the caller). */
   upstreamConnectionsLeft?: number;
 }
 

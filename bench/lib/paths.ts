@@ -10,3 +10,4 @@ export const RESULTS_DIR = resolve(REPO_ROOT, 'bench/results');
 export const DOCS_FILE = resolve(REPO_ROOT, 'docs/performance.md');
 export const UPSTREAM_JS = resolve(BENCH_BUILD_DIR, 'upstream.js');
 export const IDLE_CLIENTS_JS = resolve(BENCH_BUILD_DIR, 'idle-clients.js');
+export const FLOOR_PROXY_JS = resolve(BENCH_BUILD_DIR, 'floor-proxy.js');

@@ -1,16 +1,18 @@
 /**
  * The peers under test, each reachable at a loopback port, each with its own upstream port:
- * direct (the upstream itself, the limit), nginx, the forwarder (default log level info,
- * and optionally at warn to show what the access line costs), and the cli-proxy.
+ * direct (the upstream itself, the limit), nginx, the Node floor (bench/floor-proxy.ts: the
+ * least a Node proxy of this shape can do), the forwarder (default log level info, and
+ * optionally at warn to show what the access line costs), and the cli-proxy.
  */
 import type { ChildProcess } from 'node:child_process';
 import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startNginx } from './nginx.js';
+import { FLOOR_PROXY_JS } from './paths.js';
 import { freePort, NOFILE, spawnTracked, stopChild, waitForPort } from './proc.js';
 
-export const ALL_PEERS = ['direct', 'nginx', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
+export const ALL_PEERS = ['direct', 'nginx', 'node-floor', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
 export type PeerName = (typeof ALL_PEERS)[number];
 
 /** Named upstream resources; each peer maps them to its own URL (the forwarder: one binding each). */
@@ -72,14 +74,14 @@ function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upst
   };
 }
 
-async function startNode(opts: PeerStartOptions, dir: string, args: string[]): Promise<ProcPeer> {
+async function startNode(opts: PeerStartOptions, dir: string, args: string[], script = opts.cli): Promise<ProcPeer> {
   const port = await freePort();
   const logPath = join(dir, 'stdout.log');
   const out = openSync(logPath, 'a');
   const env = { ...process.env };
   delete env.NOTIFY_SOCKET;
   delete env.WATCHDOG_USEC;
-  const child = spawnTracked(process.execPath, [...(opts.nodeArgs ?? []), opts.cli, ...args, '--listen', `127.0.0.1:${port}`], {
+  const child = spawnTracked(process.execPath, [...(opts.nodeArgs ?? []), script, ...args, '--listen', `127.0.0.1:${port}`], {
     stdio: ['ignore', out, out],
     env,
     cwd: dir,
@@ -109,6 +111,10 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       const port = await freePort();
       const proc = await startNginx(dir, port, upstreamPort);
       return makePeer(name, proc, port, upstreamPort, (e) => endpointPath(endpoints, e));
+    }
+    case 'node-floor': {
+      const proc = await startNode(opts, dir, [String(upstreamPort)], FLOOR_PROXY_JS);
+      return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':
     case 'forwarder-warn': {

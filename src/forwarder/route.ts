@@ -29,8 +29,6 @@ export function route(target: string | undefined): Route {
 export function mcpMethodOf(header: string | undefined, body: Buffer): string | undefined {
   if (header) return header.slice(0, 64);
   if (body.length === 0 || body.length > 64 * 1024) return undefined;
-  const fast = methodFromHead(body);
-  if (fast !== undefined) return fast;
   try {
     const msg = JSON.parse(body.toString('utf8')) as unknown;
     const first = Array.isArray(msg) ? (msg[0] as unknown) : msg;
@@ -43,23 +41,4 @@ export function mcpMethodOf(header: string | undefined, body: Buffer): string | 
     // Not JSON: the upstream will say so; the log just has no method.
   }
   return undefined;
-}
-
-/**
- * `{"jsonrpc":"2.0","id":1,"method":"tools/call",…}`, the shape every client sends: the
- * method read off the head of the message without parsing the body (a JSON.parse per
- * request was a measurable share of the forwarder's CPU). For a well-formed message it is
- * the answer parsing gives: a raw `"method"` can only be a JSON token (inside a string its
- * quote would be escaped), so when it occurs once and the regex finds it as a top-level
- * key, it is the method. Anything else falls back to parsing. (A malformed message whose
- * head names a method is logged with that method; the upstream rejects the message.)
- */
-const HEAD = /^\s*\{\s*(?:"(?:jsonrpc|id)"\s*:\s*(?:"[^"\\]*"|-?\d+)\s*,\s*){0,2}"method"\s*:\s*"([^"\\]{1,64})"/;
-
-function methodFromHead(body: Buffer): string | undefined {
-  const text = body.toString('latin1', 0, Math.min(body.length, 256));
-  const m = HEAD.exec(text);
-  if (!m?.[1]) return undefined;
-  if (body.indexOf('"method"') !== body.lastIndexOf('"method"')) return undefined;
-  return Buffer.from(m[1], 'latin1').toString('utf8');
 }

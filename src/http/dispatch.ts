@@ -35,7 +35,7 @@ export function createUpstreamAgent(options: UpstreamOptions = defaultUpstreamOp
 }
 
 /** How long a fresh upstream connection may stay without carrying a request. */
-export const UNUSED_CONNECTION_MS = 1_000;
+export const UNUSED_CONNECTION_MS = 500;
 
 /**
  * undici (7.x, nodejs/undici#5845) reconnects after a request is aborted mid-response —

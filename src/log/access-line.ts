@@ -24,12 +24,36 @@ export function accessLogFor(log: Logger): AccessLog {
   const head = `,"pid":${process.pid}${bindings.length > 2 ? `,${bindings.slice(1, -1)}` : ''}`;
   return (fields) => {
     if (!log.isLevelEnabled('info')) return;
-    let line = `{"level":"info","time":"${new Date().toISOString()}"${head}`;
+    let line = `{"level":"info","time":"${isoNow()}"${head}`;
     for (const key in fields) {
       const value = fields[key];
       if (value === undefined) continue;
-      line += `,${JSON.stringify(key)}:${REDACTED.has(key) ? '"[redacted]"' : JSON.stringify(value)}`;
+      line += `,${jsonString(key)}:${REDACTED.has(key) ? '"[redacted]"' : typeof value === 'string' ? jsonString(value) : jsonScalar(value)}`;
     }
     sink.writeBatched(`${line},"msg":"access"}\n`);
   };
+}
+
+/** Printable ASCII without a quote or a backslash: a string JSON would quote as it is. */
+const PLAIN = /^[\x20\x21\x23-\x5b\x5d-\x7e]*$/;
+
+function jsonString(value: string): string {
+  return PLAIN.test(value) ? `"${value}"` : JSON.stringify(value);
+}
+
+function jsonScalar(value: number | boolean): string {
+  return typeof value === 'number' && !Number.isFinite(value) ? 'null' : String(value);
+}
+
+// Requests finish many to a millisecond under load; the ISO string is built once per ms.
+let lastMs = 0;
+let lastIso = '';
+
+function isoNow(): string {
+  const now = Date.now();
+  if (now !== lastMs) {
+    lastMs = now;
+    lastIso = new Date(now).toISOString();
+  }
+  return lastIso;
 }

@@ -1,6 +1,9 @@
 import { pino } from 'pino';
 
-type Destination = ReturnType<typeof pino.destination>;
+/** What lines are written to: stdout's sonic-boom in the product. */
+export interface Destination {
+  write(data: string): boolean;
+}
 
 /**
  * Where every log line of the process goes (stdout, i.e. the journal under systemd).

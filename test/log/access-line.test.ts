@@ -1,0 +1,121 @@
+import { pino } from 'pino';
+import t from 'tap';
+import { accessLogFor } from '../../src/log/access-line.js';
+import { LogSink } from '../../src/log/sink.js';
+
+/** A destination that records every write(2)-to-be, as written. */
+class Recorder {
+  readonly writes: string[] = [];
+  write(data: string): boolean {
+    this.writes.push(data);
+    return true;
+  }
+  lines(): Array<Record<string, unknown>> {
+    return this.writes
+      .join('')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+  }
+}
+
+function setup(level: pino.LevelWithSilent = 'info'): { rec: Recorder; sink: LogSink; log: pino.Logger } {
+  const rec = new Recorder();
+  const sink = new LogSink(rec);
+  // The product's logger options (src/log/logger.ts), writing to this sink.
+  const log = pino(
+    {
+      name: 'agent-connectors',
+      level,
+      base: { pid: process.pid },
+      timestamp: pino.stdTimeFunctions.isoTime,
+      formatters: { level: (label) => ({ level: label }) },
+      redact: { paths: ['token', 'authorization', 'credential'], censor: '[redacted]' },
+    },
+    sink,
+  );
+  return { rec, sink, log };
+}
+
+const fields = {
+  reqId: '8d7f187a-7a4e-484a-981e-80a2003cfef2',
+  method: 'POST',
+  bytesIn: 995,
+  bytesOut: 0,
+  outcome: 'ok',
+  binding: 'benc…',
+  retried: false,
+  durationMs: 1.234,
+  upstreamStatus: undefined,
+};
+
+t.test('the access line is the line pino would write (bar the time)', async (t) => {
+  const { rec, sink, log } = setup();
+  const child = log.child({ part: 'forwarder' });
+  accessLogFor(child)(fields);
+  sink.flush();
+  child.info(fields, 'access');
+  const [ours, pinos] = rec.lines();
+  t.ok(ours && pinos, 'two lines');
+  t.match(ours?.time, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/, 'ISO time');
+  t.strictSame({ ...ours, time: 'T' }, { ...pinos, time: 'T' }, 'same fields and values, bindings included');
+  t.notOk('upstreamStatus' in (ours ?? {}), 'undefined fields are left out');
+});
+
+t.test('strings JSON must escape are escaped; secrets under redacted keys are censored', async (t) => {
+  const { rec, sink, log } = setup();
+  const nasty = 'a"b\\c\nd\u0001e\u2028f\ud800';
+  accessLogFor(log)({ reqId: nasty, token: 'SECRET-TOKEN', authorization: 'Bearer SECRET-TOKEN', credential: 'SECRET-TOKEN', 'odd"key': 1 });
+  sink.flush();
+  t.notMatch(rec.writes.join(''), /SECRET-TOKEN/, 'no secret written');
+  const [line] = rec.lines();
+  t.equal(line?.reqId, JSON.parse(JSON.stringify(nasty)) as string, 'value round-trips');
+  t.equal(line?.token, '[redacted]');
+  t.equal(line?.authorization, '[redacted]');
+  t.equal(line?.credential, '[redacted]');
+  t.equal(line?.['odd"key'], 1, 'a key needing escapes is escaped too');
+  t.equal(rec.writes.join('').split('\n').length, 2, 'one line, newline-terminated');
+});
+
+t.test('non-finite numbers are written as null, as JSON.stringify does', async (t) => {
+  const { rec, sink, log } = setup();
+  accessLogFor(log)({ durationMs: Number.NaN, bytesIn: Number.POSITIVE_INFINITY });
+  sink.flush();
+  const [line] = rec.lines();
+  t.equal(line?.durationMs, null);
+  t.equal(line?.bytesIn, null);
+});
+
+t.test('below info nothing is written', async (t) => {
+  const { rec, sink, log } = setup('warn');
+  accessLogFor(log)(fields);
+  sink.flush();
+  t.equal(rec.writes.length, 0);
+});
+
+t.test('access lines are batched per event-loop turn and never overtaken', async (t) => {
+  const { rec, sink, log } = setup();
+  const access = accessLogFor(log);
+  access({ reqId: 'r1' });
+  access({ reqId: 'r2' });
+  t.equal(rec.writes.length, 0, 'nothing written synchronously');
+  log.warn('ordinary');
+  t.equal(rec.writes.length, 2, 'the pending access lines went out first, then the ordinary line');
+  t.strictSame(
+    rec.lines().map((l) => l.reqId ?? l.msg),
+    ['r1', 'r2', 'ordinary'],
+  );
+  access({ reqId: 'r3' });
+  access({ reqId: 'r4' });
+  await new Promise((r) => setImmediate(r));
+  t.equal(rec.writes.length, 3, 'one write for both lines of that turn');
+  t.match(rec.writes[2], /"reqId":"r3"[\s\S]*"reqId":"r4"/);
+});
+
+t.test('a logger that does not write to a LogSink gets the plain pino call', async (t) => {
+  const rec = new Recorder();
+  const log = pino({ base: null, timestamp: false }, rec);
+  accessLogFor(log)({ reqId: 'plain' });
+  t.equal(rec.writes.length, 1, 'written at once by pino');
+  t.strictSame(rec.lines()[0], { level: 30, reqId: 'plain', msg: 'access' });
+});
