@@ -64,3 +64,6 @@ createServer({ noDelay: true, keepAliveTimeout: 5_000 }, (req, res) => {
     );
   });
 }).listen(Number(port), host);
+
+// A clean exit on SIGTERM, so `--cpu-prof` gets to write its profile.
+process.on('SIGTERM', () => process.exit(0));

@@ -51,6 +51,9 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   await transport.terminateSession();
   await client.close();
 
+  // Access lines are written in batches (every 20 ms): wait for the session's last one,
+  // the DELETE; the lines before it are in the log by then.
+  await dev.waitForLog((l) => l.msg === 'access' && l.method === 'DELETE');
   const access = dev.logs.filter((l) => l.msg === 'access' && l.mcpMethod === 'tools/call');
   t.equal(access.length, 2, 'one access line per tools/call');
 

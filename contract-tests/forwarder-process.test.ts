@@ -246,4 +246,55 @@ t.test('SIGTERM with --shutdown-grace-ms 500: an endless SSE stream is cut, the 
   t.same(exit, { code: 0, signal: null }, 'exit 0');
 });
 
+t.test('SIGTERM: the standalone GET stream is cut at once, while an in-flight POST still finishes', async (t) => {
+  const gw = await MockGateway.start();
+  t.teardown(() => gw.close());
+  const fwd = await startForwarder(t); // the default 10 s grace
+  const url = await withBinding(t, fwd, gw, 'tok-sigterm-stream-44Lp');
+  const opened = deferred<{ send: (data: string) => void; seen: SeenRequest }>();
+  const release = deferred();
+  const answer = { jsonrpc: '2.0', id: 9, result: { content: [{ type: 'text', text: 'finished during shutdown' }] } };
+  gw.handle(async (seen, res) => {
+    if (seen.method === 'GET') {
+      const s = sse(res);
+      opened.resolve({ send: s.send, seen });
+      return;
+    }
+    await release.promise;
+    json(res, 200, answer);
+  });
+
+  const stream = await request(url, { method: 'GET', headers: { accept: 'text/event-stream', 'mcp-session-id': 'sess-standalone' } });
+  t.equal(stream.statusCode, 200);
+  const up = await opened.promise;
+  const reader = new StreamReader(stream.body);
+  up.send('data: notification\n\n');
+  await reader.waitForText('notification');
+
+  let postSettled = false;
+  const post = request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"jsonrpc":"2.0","id":9,"method":"tools/call"}' });
+  void post.then(
+    () => (postSettled = true),
+    () => (postSettled = true),
+  );
+  await gw.waitForRequests(2);
+
+  fwd.child.kill('SIGTERM');
+  await withDeadline(reader.ended, 8_000, 'the GET stream to be cut before the grace period ends');
+  t.notOk(postSettled, 'the GET stream was cut while the POST was still in flight');
+  await withDeadline(up.seen.aborted, 8_000, 'the upstream GET to see the abort');
+  t.ok(up.seen.wasAborted(), 'the upstream stream was closed too');
+  t.equal(fwd.child.exitCode, null, 'the process still waits for the POST');
+
+  release.resolve();
+  const res = await withDeadline(post, 10_000, 'the in-flight POST');
+  t.equal(res.statusCode, 200, 'the POST completes with 200');
+  t.equal(await res.body.text(), JSON.stringify(answer), 'and its whole body');
+  const stopped = await fwd.waitForLog((l) => l.msg === 'forwarder stopped');
+  t.equal(stopped.clean, true, 'a clean stop: nothing had to be cut at the deadline');
+  t.equal(stopped.streamsCut, 1, 'one open-ended stream cut');
+  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  t.same(exit, { code: 0, signal: null }, 'exit 0');
+});
+
 checkNoLeaks(t);

@@ -59,6 +59,8 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   const binding = Object.hasOwn(bindings, r.bindingId) ? bindings[r.bindingId] : undefined;
   if (!binding) throw new AppError('unknown_binding');
   rec.instanceId = binding.instanceId;
+  // MCP's GET is the standalone server-to-client stream: it ends only when someone leaves.
+  if (method === 'GET') deps.inflight.markStream(res);
 
   const body = await readBody(req, deps.bodyLimit);
   rec.bytesIn = body.length;

@@ -117,10 +117,10 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
       stopWatchdog();
       await notifier.stopping();
       log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
-      const clean = await closeGracefully(server, inflight, spec.shutdownGraceMs);
+      const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs);
       await agent.close().catch(() => undefined);
       await config.close();
-      log.info({ clean }, `${spec.name} stopped`);
+      log.info({ clean, streamsCut }, `${spec.name} stopped`);
     },
   };
 }

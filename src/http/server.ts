@@ -67,7 +67,29 @@ export function listen(server: Server, address: ListenAddress): Promise<AddressI
 /** Tracks responses still in flight so shutdown can wait for them, then cut the rest. */
 export class InFlight {
   private readonly active = new Set<ServerResponse>();
+  private readonly streams = new WeakSet<ServerResponse>();
   private waiters: Array<() => void> = [];
+
+  /**
+   * Marks a response as an open-ended stream (MCP's standalone GET stream): it has no end
+   * to wait for, so shutdown cuts it at once instead of holding the stop for the whole
+   * grace period. The client reconnects (and may resume with Last-Event-ID).
+   */
+  markStream(res: ServerResponse): void {
+    this.streams.add(res);
+  }
+
+  /** Cuts every marked stream; returns how many. */
+  cutStreams(): number {
+    let n = 0;
+    for (const res of [...this.active]) {
+      if (this.streams.has(res)) {
+        res.destroy();
+        n++;
+      }
+    }
+    return n;
+  }
 
   /** Cutting a response (`res.destroy()`) also aborts its upstream request (UpstreamCall). */
   add(res: ServerResponse): void {
@@ -103,12 +125,20 @@ export class InFlight {
   }
 }
 
-/** Stops accepting, lets in-flight responses finish within `graceMs`, then cuts them. */
-export async function closeGracefully(server: Server, inflight: InFlight, graceMs: number): Promise<boolean> {
+/**
+ * Stops accepting, cuts open-ended streams, lets the other in-flight responses finish
+ * within `graceMs`, then cuts them. `clean`: everything else finished in time.
+ */
+export async function closeGracefully(
+  server: Server,
+  inflight: InFlight,
+  graceMs: number,
+): Promise<{ clean: boolean; streamsCut: number }> {
   const closed = new Promise<void>((resolve) => server.close(() => resolve()));
   server.closeIdleConnections();
+  const streamsCut = inflight.cutStreams();
   const clean = await inflight.drain(graceMs);
   server.closeAllConnections();
   await closed;
-  return clean;
+  return { clean, streamsCut };
 }

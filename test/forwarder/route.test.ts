@@ -98,6 +98,7 @@ t.test('mcpMethodOf: the head-of-message shortcut agrees with parsing', async (t
   t.equal(m('{"jsonrpc":"2.0","method":"café"}'), 'café', 'UTF-8 in the name');
   t.equal(m('{"id":1,"params":{"method":"x"}}'), undefined, 'only a nested method: none');
   t.equal(m('{"params":{},"method":"late"}'), 'late', 'method after params (parsed)');
+  t.equal(m('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":'), 'tools/call', 'a truncated message is logged with the method its head names');
 });
 
 t.test('mcpMethodOf: nothing to say', async (t) => {

@@ -1,7 +1,7 @@
 import { pino } from 'pino';
 import t from 'tap';
 import { accessLogFor } from '../../src/log/access-line.js';
-import { LogSink } from '../../src/log/sink.js';
+import { ACCESS_FLUSH_CHARS, ACCESS_FLUSH_MS, LogSink } from '../../src/log/sink.js';
 
 /** A destination that records every write(2)-to-be, as written. */
 class Recorder {
@@ -93,7 +93,7 @@ t.test('below info nothing is written', async (t) => {
   t.equal(rec.writes.length, 0);
 });
 
-t.test('access lines are batched per event-loop turn and never overtaken', async (t) => {
+t.test('access lines are batched and never overtaken by an ordinary line', async (t) => {
   const { rec, sink, log } = setup();
   const access = accessLogFor(log);
   access({ reqId: 'r1' });
@@ -107,9 +107,20 @@ t.test('access lines are batched per event-loop turn and never overtaken', async
   );
   access({ reqId: 'r3' });
   access({ reqId: 'r4' });
-  await new Promise((r) => setImmediate(r));
-  t.equal(rec.writes.length, 3, 'one write for both lines of that turn');
+  await new Promise((r) => setTimeout(r, ACCESS_FLUSH_MS * 3));
+  t.equal(rec.writes.length, 3, 'one write for both lines of that window');
   t.match(rec.writes[2], /"reqId":"r3"[\s\S]*"reqId":"r4"/);
+});
+
+t.test('a full buffer is written at once, without waiting for the timer', async (t) => {
+  const { rec, log } = setup();
+  const access = accessLogFor(log);
+  const big = 'x'.repeat(1000);
+  let n = 0;
+  while (rec.writes.length === 0 && n < 1000) access({ reqId: `r${n++}`, pad: big });
+  t.equal(rec.writes.length, 1, 'written synchronously once the buffer filled');
+  t.ok(rec.writes[0] && rec.writes[0].length >= ACCESS_FLUSH_CHARS, 'at the threshold');
+  t.equal(rec.lines().length, n, 'every line of the burst, whole');
 });
 
 t.test('a logger that does not write to a LogSink gets the plain pino call', async (t) => {
