@@ -25,6 +25,10 @@ export function parseToken(buf: Buffer): TokenRead {
 
 // Room for the largest valid token, its line ending, and one byte to detect "too long".
 const READ_LIMIT = MAX_TOKEN_BYTES + 3;
+// One buffer for every read: the read is synchronous and the token leaves it as a string
+// copy, so nothing can see it change. (A fresh 16 KiB buffer per request cost an
+// allocation outside V8's pool and external-memory pressure on the GC.)
+const readBuffer = Buffer.alloc(READ_LIMIT);
 
 /**
  * Reads the token file afresh. Deliberately synchronous and uncached: the file is tiny and
@@ -42,7 +46,7 @@ export function readTokenFile(path: string): TokenRead {
   try {
     const st = fstatSync(fd);
     if (!st.isFile()) return { ok: false, reason: 'missing' };
-    const buf = Buffer.allocUnsafe(READ_LIMIT);
+    const buf = readBuffer;
     let len = 0;
     // Stop once the size fstat reported has been read: saves the read(2) that would only
     // say end-of-file. A file that grew meanwhile was replaced in place, not by rename;
