@@ -15,6 +15,7 @@ import {
 } from './helpers/forwarder-proc.js';
 import { pollUntil } from './helpers/sse-client.js';
 import type { TapTest } from './helpers/tap-types.js';
+import type { SlotFileJson } from './helpers/renew-harness.js';
 
 /**
  * `renew apply` (SPEC §4), black-box against the built CLI: one-shot runs and `--watch`.
@@ -109,21 +110,12 @@ async function applyOnce(tt: TapTest, h: Handoff, extra: string[] = [], env: Nod
 
 const logsWith = (proc: CliProc, msg: string): LogLine[] => proc.logs.filter((l) => l.msg === msg);
 
-interface SlotJson {
-  slot: string;
-  tokenId: string | null;
-  expiresAt: string | null;
-  generation: number;
-  appliedAt?: string | null;
-  revoked?: boolean;
-}
-
 function slotPath(h: Handoff, slot = SLOT): string {
   return join(h.slots, `${slot}.json`);
 }
 
-function readSlot(h: Handoff, slot = SLOT): SlotJson {
-  return JSON.parse(readFileSync(slotPath(h, slot), 'utf8')) as SlotJson;
+function readSlot(h: Handoff, slot = SLOT): SlotFileJson {
+  return JSON.parse(readFileSync(slotPath(h, slot), 'utf8')) as SlotFileJson;
 }
 
 const readText = (path: string): string => readFileSync(path, 'utf8');

@@ -1,4 +1,3 @@
-import type { HotFile } from '../config/hot-file.js';
 import type { UpstreamOptions } from '../http/dispatch.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
@@ -17,12 +16,6 @@ export interface CliProxyConfig {
   allowedUids?: ReadonlySet<number> | undefined;
 }
 
-function statusLine(catalog: HotFile<Catalog>): string {
-  const s = catalog.current;
-  const n = Object.keys(s.value).length;
-  return s.status === 'ok' ? `serving ${n} provider(s)` : `degraded: providers.json invalid, serving last good ${n} provider(s)`;
-}
-
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
 export function createCliProxyService(deps: { config: CliProxyConfig; log: Logger; notifier: Notifier; onListening?: (port: number) => void }): Service {
   const { config } = deps;
@@ -31,8 +24,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; log: Logge
     listen: config.listen,
     upstream: config.upstream,
     shutdownGraceMs: config.shutdownGraceMs,
-    config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers' },
-    statusLine,
+    config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
     handler: (d) => createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit }),
     log: deps.log,
     notifier: deps.notifier,

@@ -5,9 +5,7 @@ import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
 import { readConfigFile } from '../config/parse-json.js';
 import { defaultHandoffDir, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
 import { ConfigError } from '../errors.js';
-import { defaultUpstreamOptions } from '../http/dispatch.js';
 import { parseListen } from '../http/loopback.js';
-import { createLogger } from '../log/logger.js';
 import { handoffPaths } from '../renew/handoff.js';
 import { ensureSlot } from '../renew/slot-admin.js';
 import { cliSlot } from '../renew/wire.js';
@@ -15,7 +13,7 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
-import { logLevel, parseAllowedUids, parseOption, positiveInt } from './options.js';
+import { addServerOptions, loggerFrom, serverOptions } from './options.js';
 
 export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
 export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
@@ -41,35 +39,23 @@ export function pathSetupCommand(agent: AgentName, dir: string): string {
 }
 
 export function registerCliProxyCommands(program: Command): void {
-  program
-    .command('cli-proxy')
-    .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
-    .option('--listen <host:port>', 'loopback address to listen on (port 0 picks one)', DEFAULT_CLI_PROXY_LISTEN)
-    .option('--state-dir <dir>', 'state root')
-    .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
-    .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
-    .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_CLI_BODY_LIMIT))
-    .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
-    .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
-    .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
-    .action(async (opts: Record<string, string | undefined>) => {
-      const listen = parseListen(opts.listen ?? DEFAULT_CLI_PROXY_LISTEN);
-      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
-      const stateDir = resolveStateDir(opts.stateDir);
-      const service = createCliProxyService({
-        config: {
-          listen,
-          providersPath: opts.providers ? resolve(opts.providers) : defaultProvidersPath(stateDir),
-          bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
-          upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
-          shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
-          allowedUids: parseAllowedUids(opts.allowedUids),
-        },
-        log,
-        notifier: createNotifier({ log }),
-      });
-      process.exitCode = await runServices([service], log);
+  addServerOptions(
+    program
+      .command('cli-proxy')
+      .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
+      .option('--state-dir <dir>', 'state root')
+      .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)'),
+    { listen: DEFAULT_CLI_PROXY_LISTEN, bodyLimit: DEFAULT_CLI_BODY_LIMIT },
+  ).action(async (opts: Record<string, string | undefined>) => {
+    const log = loggerFrom(opts);
+    const providersPath = opts.providers ? resolve(opts.providers) : defaultProvidersPath(resolveStateDir(opts.stateDir));
+    const service = createCliProxyService({
+      config: { ...serverOptions(opts), providersPath },
+      log,
+      notifier: createNotifier({ log }),
     });
+    process.exitCode = await runServices([service], log);
+  });
 
   const shims = program.command('shims').description('PATH shims that point shell CLIs at the cli-proxy');
   shims

@@ -9,7 +9,6 @@ import { atomicWrite } from '../fs/atomic-write.js';
 import { defaultUpstreamOptions } from '../http/dispatch.js';
 import { parseListen } from '../http/loopback.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
-import { createLogger } from '../log/logger.js';
 import { updateInstances } from '../registry/registry-edit.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { RenewAuthority } from '../renew/authority.js';
@@ -28,7 +27,7 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
-import { logLevel, parseOption, positiveInt } from './options.js';
+import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
 
 const DEMO_INSTANCE = 'demo';
 const DEMO_PROVIDER = 'demo';
@@ -84,11 +83,11 @@ export function registerDevCommand(program: Command): void {
     .option('--listen <host:port>', 'forwarder address', DEFAULT_FORWARDER_LISTEN)
     .option('--cli-listen <host:port>', 'cli-proxy address', DEFAULT_CLI_PROXY_LISTEN)
     .option('--token-lifetime-s <n>', 'lifetime of demo tokens; renewal runs at 2/3 of it', '60')
-    .option('--log-level <level>', 'log level', 'info')
+    .addOption(logLevelOption())
     .action(async (opts: { stateDir: string; listen: string; cliListen: string; logLevel: string; tokenLifetimeS: string }) => {
       const listen = parseListen(opts.listen);
       const cliListen = parseListen(opts.cliListen);
-      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const log = loggerFrom(opts);
       const lifetimeMs = parseOption(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s') * 1000;
       const stateDir = resolve(opts.stateDir);
       await mkdir(forwarderDir(stateDir), { recursive: true, mode: 0o700 });

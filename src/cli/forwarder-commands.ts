@@ -9,16 +9,13 @@ import { ensureSlot, retireSlot } from '../renew/slot-admin.js';
 import { instanceSlot } from '../renew/wire.js';
 import { ConfigError } from '../errors.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
-import { defaultUpstreamOptions } from '../http/dispatch.js';
-import { parseListen } from '../http/loopback.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
-import { createLogger } from '../log/logger.js';
 import { readInstances, updateInstances } from '../registry/registry-edit.js';
 import { bindingIdSchema, bindingSchema, type Binding } from '../registry/schema.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
-import { logLevel, parseAllowedUids, parseOption, positiveInt } from './options.js';
+import { addServerOptions, loggerFrom, parseOption, serverOptions } from './options.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
 
@@ -39,37 +36,22 @@ function instancesPath(opts: StateOpts): string {
 }
 
 export function registerForwarderCommands(program: Command): void {
-  program
-    .command('forwarder')
-    .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
-    .option('--listen <host:port>', 'loopback address to listen on (port 0 picks one)', DEFAULT_FORWARDER_LISTEN)
-    .option('--state-dir <dir>', 'state root (default: $STATE_DIRECTORY, /var/lib/agent-connectors as root, else XDG state)')
-    .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)')
-    .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
-    .option('--body-limit-bytes <n>', 'largest request body accepted', String(DEFAULT_BODY_LIMIT))
-    .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
-    .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
-    .addOption(new Option('--log-level <level>', 'log level').choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'))
-    .action(async (opts: Record<string, string>) => {
-      const listen = parseListen(opts.listen ?? DEFAULT_FORWARDER_LISTEN);
-      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
-      const service = createForwarderService({
-        config: {
-          listen,
-          instancesPath: instancesPath(opts),
-          bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
-          upstream: {
-            ...defaultUpstreamOptions,
-            headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms'),
-          },
-          shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
-          allowedUids: parseAllowedUids(opts.allowedUids),
-        },
-        log,
-        notifier: createNotifier({ log }),
-      });
-      process.exitCode = await runServices([service], log);
+  addServerOptions(
+    program
+      .command('forwarder')
+      .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
+      .option('--state-dir <dir>', 'state root (default: $STATE_DIRECTORY, /var/lib/agent-connectors as root, else XDG state)')
+      .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)'),
+    { listen: DEFAULT_FORWARDER_LISTEN, bodyLimit: DEFAULT_BODY_LIMIT },
+  ).action(async (opts: Record<string, string>) => {
+    const log = loggerFrom(opts);
+    const service = createForwarderService({
+      config: { ...serverOptions(opts), instancesPath: instancesPath(opts) },
+      log,
+      notifier: createNotifier({ log }),
     });
+    process.exitCode = await runServices([service], log);
+  });
 
   program
     .command('bind')

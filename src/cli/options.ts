@@ -1,7 +1,10 @@
 import { readFileSync } from 'node:fs';
+import { Option, type Command } from 'commander';
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
-import { LOG_LEVELS } from '../log/logger.js';
+import { defaultUpstreamOptions, type UpstreamOptions } from '../http/dispatch.js';
+import { parseListen, type ListenAddress } from '../http/loopback.js';
+import { createLogger, LOG_LEVELS, type Logger } from '../log/logger.js';
 
 /** zod at the CLI boundary: every option value is validated and typed here. */
 export const positiveInt = z.coerce.number().int().positive();
@@ -37,4 +40,43 @@ export function parseAllowedUids(value: string | undefined, passwd = '/etc/passw
     uids.add(uid);
   }
   return uids;
+}
+
+/** `--log-level`, the same for every command that runs a service. */
+export function logLevelOption(): Option {
+  return new Option('--log-level <level>', 'log level').choices(LOG_LEVELS).default('info');
+}
+
+export function loggerFrom(opts: { logLevel?: unknown }): Logger {
+  return createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+}
+
+/** The options of a loopback server (forwarder and cli-proxy), with its defaults. */
+export function addServerOptions(cmd: Command, defaults: { listen: string; bodyLimit: number }): Command {
+  return cmd
+    .option('--listen <host:port>', 'loopback address to listen on (port 0 picks one)', defaults.listen)
+    .option('--headers-timeout-ms <n>', 'time allowed for upstream response headers', String(defaultUpstreamOptions.headersTimeoutMs))
+    .option('--body-limit-bytes <n>', 'largest request body accepted', String(defaults.bodyLimit))
+    .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
+    .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
+    .addOption(logLevelOption());
+}
+
+export interface ServerOptions {
+  listen: ListenAddress;
+  bodyLimit: number;
+  upstream: UpstreamOptions;
+  shutdownGraceMs: number;
+  allowedUids: Set<number> | undefined;
+}
+
+/** Validates what addServerOptions declared. */
+export function serverOptions(opts: Record<string, unknown>): ServerOptions {
+  return {
+    listen: parseListen(String(opts.listen)),
+    bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
+    upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
+    shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
+    allowedUids: parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined),
+  };
 }

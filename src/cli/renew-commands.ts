@@ -1,8 +1,7 @@
 import { join, resolve } from 'node:path';
-import { Option, type Command } from 'commander';
+import { type Command } from 'commander';
 import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
 import { ConfigError } from '../errors.js';
-import { createLogger } from '../log/logger.js';
 import { upstreamUrlSchema } from '../registry/schema.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
@@ -10,9 +9,7 @@ import { handoffPaths } from '../renew/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
-import { logLevel, parseOption, positiveInt } from './options.js';
-
-const levels = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
 
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
@@ -27,9 +24,9 @@ export function registerRenewCommands(program: Command): void {
     .option('--once', 'settle every due slot, then exit (for a timer); exit 1 if any did not settle')
     .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
     .option('--backoff-cap-ms <n>', 'longest wait between retries', String(defaultFetchConfig.backoff.capMs))
-    .addOption(new Option('--log-level <level>', 'log level').choices(levels).default('info'))
+    .addOption(logLevelOption())
     .action(async (opts: Record<string, string | boolean | undefined>) => {
-      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const log = loggerFrom(opts);
       const stateDir = resolveStateDir(opts.stateDir as string | undefined);
       const gateway = (opts.gateway as string | undefined) ?? process.env.AGENT_CONNECTORS_GATEWAY_URL;
       if (!gateway) throw new ConfigError('--gateway (or $AGENT_CONNECTORS_GATEWAY_URL) is required');
@@ -65,9 +62,9 @@ export function registerRenewCommands(program: Command): void {
     .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)')
     .option('--providers <file>', 'cli-proxy catalog (default: <state>/cli-proxy/providers.json)')
     .option('--watch', 'keep running and apply as files arrive (hosts without systemd)')
-    .addOption(new Option('--log-level <level>', 'log level').choices(levels).default('info'))
+    .addOption(logLevelOption())
     .action(async (opts: Record<string, string | boolean | undefined>) => {
-      const log = createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
+      const log = loggerFrom(opts);
       const stateDir = resolveStateDir(opts.stateDir as string | undefined);
       const targets = {
         stateDir,

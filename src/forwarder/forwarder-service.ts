@@ -1,4 +1,3 @@
-import type { HotFile } from '../config/hot-file.js';
 import type { UpstreamOptions } from '../http/dispatch.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
@@ -25,12 +24,6 @@ export interface ForwarderDepsIn {
   onListening?: (port: number) => void;
 }
 
-function statusLine(registry: HotFile<InstancesFile>): string {
-  const s = registry.current;
-  const n = Object.keys(s.value).length;
-  return s.status === 'ok' ? `serving ${n} instance(s)` : `degraded: instances.json invalid, serving last good ${n} instance(s)`;
-}
-
 /** The Forwarder as a Service: registry → route → token → dispatch → stream. */
 export function createForwarderService(deps: ForwarderDepsIn): Service {
   const { config } = deps;
@@ -39,8 +32,7 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     listen: config.listen,
     upstream: config.upstream,
     shutdownGraceMs: config.shutdownGraceMs,
-    config: { path: config.instancesPath, parse: parseInstancesFile, empty: {}, label: 'registry', countField: 'instances' },
-    statusLine,
+    config: { path: config.instancesPath, parse: parseInstancesFile, empty: {}, label: 'registry', countField: 'instances', noun: 'instance' },
     handler: (d) => createForwarderHandler({ ...d, registry: d.config, bodyLimit: config.bodyLimit }),
     log: deps.log,
     notifier: deps.notifier,

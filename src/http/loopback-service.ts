@@ -1,5 +1,5 @@
 import { mkdir } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { basename, dirname } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { peerUid } from './peer-uid.js';
@@ -20,9 +20,12 @@ export interface LoopbackServiceSpec<T> {
   listen: ListenAddress;
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
-  /** The hot-reloaded JSON config this part serves from (registry or catalog). */
-  config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string };
-  statusLine: (config: HotFile<T>) => string;
+  /**
+   * The hot-reloaded JSON config this part serves from (registry or catalog): `label`
+   * names it in log lines, `countField` its entry count there, `noun` one entry in the
+   * systemd status line.
+   */
+  config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
   handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
   log: Logger;
   notifier: Notifier;
@@ -51,7 +54,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
           } else {
             log.error({ error: state.error, [spec.config.countField]: count }, `${spec.config.label} rejected; keeping last good`);
           }
-          void notifier.status(spec.statusLine(config));
+          void notifier.status(statusLine(spec, config));
         },
       });
       await config.start();
@@ -91,7 +94,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         void (async () => {
           await notifier.reloading();
           await config.reload();
-          await notifier.ready(spec.statusLine(config));
+          await notifier.ready(statusLine(spec, config));
         })();
       };
       process.on('SIGHUP', onHup);
@@ -104,7 +107,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         }
       };
       if (hookEnabled('stall-on-sigusr2')) process.on('SIGUSR2', onStall);
-      await notifier.ready(spec.statusLine(config));
+      await notifier.ready(statusLine(spec, config));
       const stopWatchdog = notifier.startWatchdog();
 
       await new Promise<void>((resolve) => {
@@ -123,4 +126,11 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
       log.info({ clean, streamsCut }, `${spec.name} stopped`);
     },
   };
+}
+
+/** What systemd shows for the unit (STATUS=): what is served, and whether from the last good file. */
+function statusLine<T>(spec: LoopbackServiceSpec<T>, config: HotFile<T>): string {
+  const s = config.current;
+  const served = `${Object.keys(s.value as object).length} ${spec.config.noun}(s)`;
+  return s.status === 'ok' ? `serving ${served}` : `degraded: ${basename(spec.config.path)} invalid, serving last good ${served}`;
 }

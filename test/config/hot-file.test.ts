@@ -6,6 +6,7 @@ import t from 'tap';
 import { HotFile, type HotState } from '../../src/config/hot-file.js';
 import { parseInstancesFile, type Binding, type InstancesFile } from '../../src/registry/schema.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+import { eventually } from '../helpers/poll.js';
 
 function dir(): string {
   const d = mkdtempSync(join(tmpdir(), 'ac-hot-'));
@@ -37,16 +38,6 @@ function hot(t: TapTest, path: string, onLoad?: (s: HotState<InstancesFile>) => 
   });
   t.teardown(() => h.close());
   return h;
-}
-
-/** Polls `pred` until true or the deadline passes; returns whether it became true. */
-async function eventually(pred: () => boolean, timeoutMs = 10_000): Promise<boolean> {
-  const deadline = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > deadline) return false;
-    await sleep(20);
-  }
-  return true;
 }
 
 const ID1 = 'binding_hot_0001';

@@ -4,6 +4,7 @@ import { connect, type AddressInfo, type Socket } from 'node:net';
 import t from 'tap';
 import { createUpstreamAgent, UNUSED_CONNECTION_MS } from '../../src/http/dispatch.js';
 import { UpstreamCall, type StreamOutcome, type UpstreamHead } from '../../src/http/upstream-call.js';
+import { until } from '../helpers/poll.js';
 
 /** A real upstream whose handler each test chooses; counts its open TCP connections. */
 class Upstream {
@@ -69,14 +70,6 @@ async function startProxy(origin: string, decide?: Decide): Promise<{ port: numb
       void agent.close();
     },
   };
-}
-
-async function until(cond: () => boolean, what: string, ms = 8_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /** Raw client: sends one request and collects every chunk it receives, as received. */

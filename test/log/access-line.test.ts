@@ -94,7 +94,7 @@ t.test('below info nothing is written', async (t) => {
 });
 
 t.test('access lines are batched and never overtaken by an ordinary line', async (t) => {
-  const { rec, sink, log } = setup();
+  const { rec, log } = setup();
   const access = accessLogFor(log);
   access({ reqId: 'r1' });
   access({ reqId: 'r2' });

@@ -12,8 +12,6 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
-import { pino, type Logger } from 'pino';
 import t from 'tap';
 import { defaultTokenPath } from '../../src/config/state-dir.js';
 import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/renew/apply.js';
@@ -21,28 +19,7 @@ import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type Slot
 import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
 import type { RenewOk } from '../../src/renew/wire.js';
-
-interface LogRecord {
-  level: number;
-  msg: string;
-  [k: string]: unknown;
-}
-
-function memoryLogger(): { log: Logger; records: LogRecord[]; lines: string[] } {
-  const records: LogRecord[] = [];
-  const lines: string[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString('utf8').split('\n')) {
-        if (!line) continue;
-        lines.push(line);
-        records.push(JSON.parse(line) as LogRecord);
-      }
-      cb();
-    },
-  });
-  return { log: pino({ level: 'trace' }, stream), records, lines };
-}
+import { memoryLogger, type LogRecord } from '../helpers/memory-log.js';
 
 function tempDir(prefix: string): string {
   const d = mkdtempSync(join(tmpdir(), prefix));

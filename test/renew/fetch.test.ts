@@ -4,8 +4,6 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
-import { pino, type Logger } from 'pino';
 import t from 'tap';
 import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/helpers/mock-renew-gateway.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
@@ -13,6 +11,7 @@ import { createFetchAgent, expectationFor, renewSlot, type FetchDeps } from '../
 import { FetchState, fetchSlotStateSchema, type FetchSlotState } from '../../src/renew/fetch-state.js';
 import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
 import { renewOkSchema, type RenewOk } from '../../src/renew/wire.js';
+import { memoryLogger } from '../helpers/memory-log.js';
 
 const SLOT = 'instance:inst-1';
 const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
@@ -25,17 +24,6 @@ interface Env {
   stateDir: string;
   deps: FetchDeps;
   lines: string[];
-}
-
-function memoryLogger(): { log: Logger; lines: string[] } {
-  const lines: string[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString('utf8').split('\n')) if (line) lines.push(line);
-      cb();
-    },
-  });
-  return { log: pino({ level: 'trace' }, stream), lines };
 }
 
 async function env(t: TapTest, gatewayUrl: string): Promise<Env> {

@@ -1,25 +1,7 @@
-import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { pino, type Logger } from 'pino';
 import t from 'tap';
 import { runLoop } from '../../src/service/loop.js';
-
-interface LogRecord {
-  level: number;
-  msg: string;
-  [k: string]: unknown;
-}
-
-function memoryLogger(): { log: Logger; records: LogRecord[] } {
-  const records: LogRecord[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString('utf8').split('\n')) if (line) records.push(JSON.parse(line) as LogRecord);
-      cb();
-    },
-  });
-  return { log: pino({ level: 'trace' }, stream), records };
-}
+import { memoryLogger } from '../helpers/memory-log.js';
 
 /** A long wait the tests never sit through: if it is not cut short, the test notices. */
 const LONG = 60_000;

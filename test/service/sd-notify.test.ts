@@ -5,35 +5,16 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { pino, type Logger } from 'pino';
 import t from 'tap';
 import { createNotifier } from '../../src/service/sd-notify.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+import { memoryLogger } from '../helpers/memory-log.js';
+import { eventually } from '../helpers/poll.js';
 
 // CI has a read-only copy of the workplace's ../shared beside the repository.
 const RECEIVER =
   process.env.NOTIFY_RECV_PY ?? fileURLToPath(new URL('../../../../shared/systemd-lab/notify-recv.py', import.meta.url));
-
-interface LogRecord {
-  level: number;
-  msg: string;
-  [k: string]: unknown;
-}
-
-/** A real pino logger whose JSON lines are collected in memory. */
-function memoryLogger(): { log: Logger; records: LogRecord[] } {
-  const records: LogRecord[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString('utf8').split('\n')) if (line) records.push(JSON.parse(line) as LogRecord);
-      cb();
-    },
-  });
-  const log: Logger = pino({ level: 'trace' }, stream);
-  return { log, records };
-}
 
 /** Un-escapes the Python repr notify-recv.py prints for each datagram. */
 function unrepr(repr: string): string {
@@ -82,15 +63,6 @@ async function startReceiver(t: TapTest): Promise<Receiver> {
     }),
   ]);
   return { socket, datagrams, proc };
-}
-
-async function eventually(pred: () => boolean, timeoutMs = 10_000): Promise<boolean> {
-  const deadline = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > deadline) return false;
-    await sleep(20);
-  }
-  return true;
 }
 
 /** The assignments of all datagrams, minus MAINPID= (added by systemd-notify --pid). */
