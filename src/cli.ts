@@ -1,7 +1,6 @@
 #!/usr/bin/env node
 import { Command, CommanderError } from 'commander';
-import { ConfigError } from './errors.js';
-import { FetchIncompleteError } from './renew/fetch-service.js';
+import { exitCodeOf } from './errors.js';
 import { version } from './version.js';
 import { registerForwarderCommands } from './cli/forwarder-commands.js';
 import { registerDevCommand } from './cli/dev-command.js';
@@ -11,8 +10,8 @@ import { registerInstallCommands } from './cli/install-commands.js';
 import { registerDoctorCommand } from './cli/doctor-command.js';
 
 /**
- * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. Commander exits 1
- * on usage errors by default; exitOverride turns those into 2.
+ * Exit codes (errors.ts): 0 ok, 1 runtime failure, 2 usage or configuration error.
+ * Commander exits 1 on usage errors by default; exitOverride turns those into 2.
  */
 async function main(argv: string[]): Promise<number> {
   const program = new Command('agent-connectors')
@@ -41,16 +40,8 @@ async function main(argv: string[]): Promise<number> {
       if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0;
       return 2;
     }
-    if (err instanceof FetchIncompleteError) {
-      process.stderr.write(`agent-connectors: ${err.message}\n`);
-      return 1;
-    }
-    if (err instanceof ConfigError) {
-      process.stderr.write(`agent-connectors: ${err.message}\n`);
-      return 2;
-    }
     process.stderr.write(`agent-connectors: ${(err as Error).message}\n`);
-    return 1;
+    return exitCodeOf(err);
   }
 }
 

@@ -1,4 +1,13 @@
 import type { ServerResponse } from 'node:http';
+import { errors as undiciErrors } from 'undici';
+
+/**
+ * Every error class of the project, in one file (undici's lib/core/errors.js shape):
+ * - AppError: what an agent sees, a stable code from the table below → HTTP status + JSON.
+ * - ClientGoneError: the agent left mid-request; nobody to answer, nothing to log as a fault.
+ * - ConfigError: a usage or configuration problem; the CLI exits 2.
+ * - anything else thrown reaches an agent as internal_error and the CLI as exit 1.
+ */
 
 /**
  * The one table of errors a client can see. Codes are stable wire names; the README's
@@ -69,10 +78,45 @@ export function sendError(res: ServerResponse, err: AppError, extraHeaders: Reco
   res.end(body);
 }
 
-/** Configuration or usage problems: the CLI maps these to exit code 2. */
+/**
+ * Maps a failure before response headers to the table. The message never carries the
+ * upstream's host, port, path, errno or TLS text: only the code's fixed message. Timeouts
+ * are 504; refused/reset/DNS/TLS and anything else from the socket are 502.
+ */
+export function mapUpstreamError(err: unknown, clientGone: boolean): AppError | ClientGoneError {
+  if (clientGone) return new ClientGoneError();
+  if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.ConnectTimeoutError) {
+    return new AppError('upstream_timeout');
+  }
+  if (err instanceof undiciErrors.InvalidArgumentError) return new AppError('internal_error');
+  return new AppError('upstream_unreachable');
+}
+
+/**
+ * The agent went away (before its request was complete, or while we waited on the
+ * upstream): the request is abandoned and there is nobody to answer.
+ */
+export class ClientGoneError extends Error {
+  constructor() {
+    super('client closed the connection');
+    this.name = 'ClientGoneError';
+  }
+}
+
+/** Configuration or usage problems: the CLI exits 2 with the message. */
 export class ConfigError extends Error {
+  readonly exitCode = 2;
   constructor(message: string) {
     super(message);
     this.name = 'ConfigError';
   }
+}
+
+/**
+ * Process exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error. An error
+ * class that means something else carries its own `exitCode`.
+ */
+export function exitCodeOf(err: unknown): number {
+  const code = (err as { exitCode?: unknown } | null)?.exitCode;
+  return typeof code === 'number' && Number.isInteger(code) && code > 0 ? code : 1;
 }

@@ -1,10 +1,10 @@
-import type { UpstreamOptions } from '../http/dispatch.js';
+import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Logger } from '../log/logger.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
-import { parseCatalog, type Catalog } from './catalog.js';
+import { parseCatalog, type Catalog } from '../data/catalog.js';
 import { createCliProxyHandler } from './handler.js';
 
 export interface CliProxyConfig {

@@ -8,7 +8,7 @@ import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps }
 import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
-import type { Catalog } from './catalog.js';
+import type { Catalog } from '../data/catalog.js';
 import { injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
 import { rewriteLocation, routeCli, upstreamUrl } from './route.js';
 

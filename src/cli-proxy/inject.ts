@@ -1,5 +1,5 @@
 import type { HeaderRecord } from '../http/headers.js';
-import type { Inject } from './catalog.js';
+import type { Inject } from '../data/catalog.js';
 
 /** Credential headers an agent or CLI may send; always stripped before injection. */
 export const AGENT_CREDENTIAL_HEADERS: readonly string[] = ['authorization', 'cookie', 'proxy-authorization'];

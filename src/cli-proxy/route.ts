@@ -1,4 +1,4 @@
-import { PROVIDER_NAME } from './catalog.js';
+import { PROVIDER_NAME } from '../data/catalog.js';
 
 export type CliRoute =
   | { kind: 'health' }

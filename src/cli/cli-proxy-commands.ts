@@ -1,9 +1,8 @@
 import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
-import { parseCatalog, type Catalog } from '../cli-proxy/catalog.js';
+import { readCatalog } from '../data/catalog.js';
 import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
-import { readConfigFile } from '../config/parse-json.js';
-import { defaultHandoffDir, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
+import { stateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { parseListen } from '../http/loopback.js';
 import { handoffPaths } from '../renew/handoff.js';
@@ -13,17 +12,13 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
-import { addServerOptions, loggerFrom, serverOptions } from './options.js';
+import { addServerOptions, layoutFrom, loggerFrom, serverOptions } from './options.js';
 
 export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
 export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
 
 export function defaultShimDir(stateDir: string): string {
-  return process.getuid?.() === 0 ? '/usr/local/lib/agent-connectors/shims' : resolve(stateDir, 'shims');
-}
-
-export function loadCatalog(path: string): Promise<Catalog> {
-  return readConfigFile(path, parseCatalog, {});
+  return process.getuid?.() === 0 ? '/usr/local/lib/agent-connectors/shims' : stateLayout(stateDir).shims;
 }
 
 /** How to give an agent the shim directory (it needs only that directory first on PATH). */
@@ -48,7 +43,7 @@ export function registerCliProxyCommands(program: Command): void {
     { listen: DEFAULT_CLI_PROXY_LISTEN, bodyLimit: DEFAULT_CLI_BODY_LIMIT },
   ).action(async (opts: Record<string, string | undefined>) => {
     const log = loggerFrom(opts);
-    const providersPath = opts.providers ? resolve(opts.providers) : defaultProvidersPath(resolveStateDir(opts.stateDir));
+    const providersPath = layoutFrom(opts).providers;
     const service = createCliProxyService({
       config: { ...serverOptions(opts), providersPath },
       log,
@@ -67,8 +62,8 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
     .option('--handoff <dir>', 'renewal hand-off directory, for the providers\' cli:<provider> slots (default: <state>/handoff)')
     .action(async (opts: Record<string, string | undefined>) => {
-      const stateDir = resolveStateDir(opts.stateDir);
-      const catalog = await loadCatalog(opts.providers ? resolve(opts.providers) : defaultProvidersPath(stateDir));
+      const layout = layoutFrom(opts);
+      const catalog = await readCatalog(layout.providers);
       const proxyUrl = opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`;
       let parsedProxy: URL;
       try {
@@ -77,9 +72,9 @@ export function registerCliProxyCommands(program: Command): void {
         throw new ConfigError(`--proxy-url is not a URL: ${proxyUrl}`);
       }
       parseListen(parsedProxy.host); // loopback only, like the proxy itself
-      const dir = resolve(opts.dir ?? defaultShimDir(stateDir));
+      const dir = resolve(opts.dir ?? defaultShimDir(layout.root));
       const result = await installShims(catalog, dir, parsedProxy.origin);
-      const paths = handoffPaths(opts.handoff ? resolve(opts.handoff) : defaultHandoffDir(stateDir));
+      const paths = handoffPaths(layout.handoff);
       for (const provider of Object.keys(catalog)) await ensureSlot(paths, cliSlot(provider));
       process.stdout.write(
         `${[`shims in ${dir}: ${result.written.join(', ') || '(none)'}`, result.removed.length ? `removed stale: ${result.removed.join(', ')}` : '']
@@ -94,6 +89,6 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--dir <dir>', 'shim directory')
     .option('--state-dir <dir>', 'state root')
     .action((opts: { agent: AgentName; dir?: string; stateDir?: string }) => {
-      process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(resolveStateDir(opts.stateDir))))}\n`);
+      process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(layoutFrom(opts).root)))}\n`);
     });
 }

@@ -2,14 +2,14 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
-import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, defaultTokenPath, forwarderDir } from '../config/state-dir.js';
+import { stateLayout } from '../data/state-layout.js';
 import { DemoGateway } from '../dev/demo-gateway.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { atomicWrite } from '../fs/atomic-write.js';
-import { defaultUpstreamOptions } from '../http/dispatch.js';
+import { defaultUpstreamOptions } from '../http/upstream-agent.js';
 import { parseListen } from '../http/loopback.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
-import { updateInstances } from '../registry/registry-edit.js';
+import { updateInstances } from '../data/registry.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { RenewAuthority } from '../renew/authority.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
@@ -17,7 +17,7 @@ import { writeSlotFile } from '../renew/apply.js';
 import { emptySlotFile, handoffPaths } from '../renew/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { cliSlot, instanceSlot } from '../renew/wire.js';
-import type { Catalog } from '../cli-proxy/catalog.js';
+import type { Catalog } from '../data/catalog.js';
 import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
 import { installShims } from '../shims/install.js';
 import { shQuote } from '../shims/render.js';
@@ -90,7 +90,8 @@ export function registerDevCommand(program: Command): void {
       const log = loggerFrom(opts);
       const lifetimeMs = parseOption(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s') * 1000;
       const stateDir = resolve(opts.stateDir);
-      await mkdir(forwarderDir(stateDir), { recursive: true, mode: 0o700 });
+      const layout = stateLayout(stateDir);
+      await mkdir(layout.forwarderDir, { recursive: true, mode: 0o700 });
       const slot = instanceSlot(DEMO_INSTANCE);
       const demoCliSlot = cliSlot(DEMO_PROVIDER);
 
@@ -102,18 +103,18 @@ export function registerDevCommand(program: Command): void {
       const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority);
       await gateway.listen(0);
 
-      const instancesPath = defaultInstancesPath(stateDir);
-      const tokenFile = defaultTokenPath(stateDir, DEMO_INSTANCE);
+      const instancesPath = layout.instances;
+      const tokenFile = layout.instanceToken(DEMO_INSTANCE);
       const bindingId = await ensureDemoBinding(instancesPath, gateway.mcpUrl, tokenFile);
-      const paths = handoffPaths(defaultHandoffDir(stateDir));
+      const paths = handoffPaths(layout.handoff);
       // The demo Gateway is new each run: what an earlier run applied or fetched means
       // nothing to it, so start the slot and fetch's private state afresh.
-      await rm(join(stateDir, 'renew-fetch'), { recursive: true, force: true });
+      await rm(layout.fetchPrivate, { recursive: true, force: true });
       await writeSlotFile(paths, emptySlotFile(slot));
       await writeSlotFile(paths, emptySlotFile(demoCliSlot));
-      const providersPath = defaultProvidersPath(stateDir);
-      const catalog = demoCatalog(gateway.baseUrl, join(stateDir, 'cli-proxy', `${DEMO_PROVIDER}.token`));
-      await mkdir(join(stateDir, 'cli-proxy'), { recursive: true, mode: 0o700 });
+      const providersPath = layout.providers;
+      const catalog = demoCatalog(gateway.baseUrl, layout.providerToken(DEMO_PROVIDER));
+      await mkdir(layout.cliProxyDir, { recursive: true, mode: 0o700 });
       await atomicWrite(providersPath, `${JSON.stringify(catalog, null, 2)}\n`, { mode: 0o600 });
       const demoBin = await installDemoCli(stateDir);
       log.info({ gateway: gateway.baseUrl, tokenLifetimeS: lifetimeMs / 1000 }, 'demo gateway up');
@@ -125,7 +126,7 @@ export function registerDevCommand(program: Command): void {
           gatewayUrl: gateway.baseUrl,
           credentialPath,
           handoffDir: paths.root,
-          privateDir: join(stateDir, 'renew-fetch'),
+          privateDir: layout.fetchPrivate,
         },
         log: log.child({ part: 'renew-fetch' }),
         notifier: quiet,
@@ -151,7 +152,7 @@ export function registerDevCommand(program: Command): void {
         notifier: quiet,
         onListening: (port) => cliPortKnown(port),
       });
-      const shimDir = join(stateDir, 'shims');
+      const shimDir = layout.shims;
       const forwarder = createForwarderService({
         config: {
           listen,

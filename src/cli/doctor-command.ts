@@ -1,9 +1,8 @@
-import { resolve } from 'node:path';
 import type { Command } from 'commander';
-import { defaultHandoffDir, resolveStateDir } from '../config/state-dir.js';
 import { runDoctor } from '../doctor/doctor.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './cli-proxy-commands.js';
+import { layoutFrom } from './options.js';
 
 export function registerDoctorCommand(program: Command): void {
   program
@@ -17,10 +16,10 @@ export function registerDoctorCommand(program: Command): void {
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
     .option('--json', 'print findings as JSON')
     .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; systemd: boolean; json?: boolean }) => {
-      const stateDir = resolveStateDir(opts.stateDir);
+      const layout = layoutFrom(opts);
       const findings = await runDoctor({
-        stateDir,
-        handoffDir: opts.handoff ? resolve(opts.handoff) : defaultHandoffDir(stateDir),
+        stateDir: layout.root,
+        handoffDir: layout.handoff,
         agentUser: opts.agentUser,
         forwarderUrl: opts.forwarderUrl,
         cliProxyUrl: opts.cliProxyUrl,

@@ -3,19 +3,18 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { Option } from 'commander';
 import { z } from 'zod';
-import { defaultHandoffDir, defaultInstancesPath, defaultTokenPath, resolveStateDir } from '../config/state-dir.js';
 import { handoffPaths } from '../renew/handoff.js';
 import { ensureSlot, retireSlot } from '../renew/slot-admin.js';
 import { instanceSlot } from '../renew/wire.js';
 import { ConfigError } from '../errors.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
-import { readInstances, updateInstances } from '../registry/registry-edit.js';
-import { bindingIdSchema, bindingSchema, type Binding } from '../registry/schema.js';
+import { readInstances, updateInstances } from '../data/registry.js';
+import { bindingIdSchema, bindingSchema, type Binding } from '../data/registry.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
-import { addServerOptions, loggerFrom, parseOption, serverOptions } from './options.js';
+import { addServerOptions, layoutFrom, loggerFrom, parseOption, serverOptions } from './options.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
 
@@ -25,14 +24,6 @@ interface StateOpts {
   stateDir?: string;
   instances?: string;
   handoff?: string;
-}
-
-function handoffDir(opts: StateOpts): string {
-  return opts.handoff ? resolve(opts.handoff) : defaultHandoffDir(resolveStateDir(opts.stateDir));
-}
-
-function instancesPath(opts: StateOpts): string {
-  return opts.instances ? resolve(opts.instances) : defaultInstancesPath(resolveStateDir(opts.stateDir));
 }
 
 export function registerForwarderCommands(program: Command): void {
@@ -46,7 +37,7 @@ export function registerForwarderCommands(program: Command): void {
   ).action(async (opts: Record<string, string>) => {
     const log = loggerFrom(opts);
     const service = createForwarderService({
-      config: { ...serverOptions(opts), instancesPath: instancesPath(opts) },
+      config: { ...serverOptions(opts), instancesPath: layoutFrom(opts).instances },
       log,
       notifier: createNotifier({ log }),
     });
@@ -65,19 +56,19 @@ export function registerForwarderCommands(program: Command): void {
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
     .action(async (id: string | undefined, opts: Record<string, string>) => {
       const bindingId = id ? parseOption(bindingIdSchema, id, 'bindingId') : randomBytes(24).toString('base64url');
-      const stateDir = resolveStateDir(opts.stateDir);
+      const layout = layoutFrom(opts);
       const binding: Binding = parseOption(
         bindingSchema,
         {
           instanceId: opts.instanceId,
           upstreamUrl: opts.upstream,
-          tokenFile: opts.tokenFile ? resolve(opts.tokenFile) : defaultTokenPath(stateDir, opts.instanceId ?? ''),
+          tokenFile: opts.tokenFile ? resolve(opts.tokenFile) : layout.instanceToken(opts.instanceId ?? ''),
         },
         'bind',
       );
-      await updateInstances(instancesPath(opts), (current) => ({ next: { ...current, [bindingId]: binding }, result: undefined }));
+      await updateInstances(layout.instances, (current) => ({ next: { ...current, [bindingId]: binding }, result: undefined }));
       // The slot tells renew fetch this instance needs a token (tokenId null → renewed at once).
-      await ensureSlot(handoffPaths(handoffDir(opts)), instanceSlot(binding.instanceId));
+      await ensureSlot(handoffPaths(layout.handoff), instanceSlot(binding.instanceId));
       process.stdout.write(`${bindingId}\n`);
     });
 
@@ -89,7 +80,8 @@ export function registerForwarderCommands(program: Command): void {
     .option('--instances <file>', 'binding registry file')
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
     .action(async (id: string, opts: StateOpts) => {
-      const removed = await updateInstances(instancesPath(opts), (current) => {
+      const layout = layoutFrom(opts);
+      const removed = await updateInstances(layout.instances, (current) => {
         if (!Object.hasOwn(current, id)) return { next: current, result: undefined };
         const { [id]: gone, ...rest } = current;
         const stillUsed = Object.values(rest).some((b) => b.instanceId === gone?.instanceId);
@@ -97,7 +89,7 @@ export function registerForwarderCommands(program: Command): void {
       });
       if (!removed) throw new ConfigError(`no such binding: ${id.slice(0, 4)}…`);
       // Last binding of the instance gone: stop renewing its token.
-      if (!removed.stillUsed) await retireSlot(handoffPaths(handoffDir(opts)), instanceSlot(removed.instanceId));
+      if (!removed.stillUsed) await retireSlot(handoffPaths(layout.handoff), instanceSlot(removed.instanceId));
     });
 
   program
@@ -107,7 +99,7 @@ export function registerForwarderCommands(program: Command): void {
     .option('--state-dir <dir>', 'state root')
     .option('--instances <file>', 'binding registry file')
     .action(async (opts: StateOpts & { json?: boolean }) => {
-      const all = await readInstances(instancesPath(opts));
+      const all = await readInstances(layoutFrom(opts).instances);
       if (opts.json) {
         process.stdout.write(`${JSON.stringify(all, null, 2)}\n`);
         return;

@@ -1,14 +1,34 @@
 import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
 import { z } from 'zod';
+import { resolveStateDir, stateLayout, type StateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
-import { defaultUpstreamOptions, type UpstreamOptions } from '../http/dispatch.js';
+import { defaultUpstreamOptions, type UpstreamOptions } from '../http/upstream-agent.js';
 import { parseListen, type ListenAddress } from '../http/loopback.js';
 import { createLogger, LOG_LEVELS, type Logger } from '../log/logger.js';
 
 /** zod at the CLI boundary: every option value is validated and typed here. */
 export const positiveInt = z.coerce.number().int().positive();
 export const logLevel = z.enum(LOG_LEVELS);
+
+/**
+ * The state layout a command works on: `--state-dir`'s, with `--instances`, `--providers`
+ * and `--handoff` overriding their one path each.
+ */
+export function layoutFrom(opts: { stateDir?: unknown; instances?: unknown; providers?: unknown; handoff?: unknown }): StateLayout {
+  const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+  const layout = stateLayout(resolveStateDir(str(opts.stateDir)));
+  const instances = str(opts.instances);
+  const providers = str(opts.providers);
+  const handoff = str(opts.handoff);
+  return {
+    ...layout,
+    ...(instances ? { instances: resolve(instances) } : {}),
+    ...(providers ? { providers: resolve(providers) } : {}),
+    ...(handoff ? { handoff: resolve(handoff) } : {}),
+  };
+}
 
 export function parseOption<T>(schema: z.ZodType<T>, value: unknown, flag: string): T {
   const r = schema.safeParse(value);

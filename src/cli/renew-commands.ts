@@ -1,15 +1,14 @@
 import { join, resolve } from 'node:path';
 import { type Command } from 'commander';
-import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
 import { ConfigError } from '../errors.js';
-import { upstreamUrlSchema } from '../registry/schema.js';
+import { upstreamUrlSchema } from '../data/fields.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { handoffPaths } from '../renew/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
-import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+import { layoutFrom, logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
 
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
@@ -27,7 +26,7 @@ export function registerRenewCommands(program: Command): void {
     .addOption(logLevelOption())
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const log = loggerFrom(opts);
-      const stateDir = resolveStateDir(opts.stateDir as string | undefined);
+      const layout = layoutFrom(opts);
       const gateway = (opts.gateway as string | undefined) ?? process.env.AGENT_CONNECTORS_GATEWAY_URL;
       if (!gateway) throw new ConfigError('--gateway (or $AGENT_CONNECTORS_GATEWAY_URL) is required');
       const gatewayUrl = parseOption(upstreamUrlSchema, gateway, '--gateway');
@@ -42,8 +41,8 @@ export function registerRenewCommands(program: Command): void {
           ...defaultFetchConfig,
           gatewayUrl,
           credentialPath,
-          handoffDir: resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir)),
-          privateDir: join(stateDir, 'renew-fetch'),
+          handoffDir: layout.handoff,
+          privateDir: layout.fetchPrivate,
           once: Boolean(opts.once),
           onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
           backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
@@ -65,16 +64,12 @@ export function registerRenewCommands(program: Command): void {
     .addOption(logLevelOption())
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const log = loggerFrom(opts);
-      const stateDir = resolveStateDir(opts.stateDir as string | undefined);
-      const targets = {
-        stateDir,
-        instancesPath: opts.instances ? resolve(opts.instances as string) : defaultInstancesPath(stateDir),
-        providersPath: opts.providers ? resolve(opts.providers as string) : defaultProvidersPath(stateDir),
-      };
+      const layout = layoutFrom(opts);
+      const targets = { stateDir: layout.root, instancesPath: layout.instances, providersPath: layout.providers };
       const service = createApplyService({
         config: { watch: Boolean(opts.watch), rescanMs: 30_000 },
         apply: {
-          paths: handoffPaths(resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir))),
+          paths: handoffPaths(layout.handoff),
           tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
           log,
         },

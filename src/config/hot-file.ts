@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
-import type { ParseResult } from '../registry/schema.js';
+import type { ParseResult } from '../data/parse.js';
 
 export type HotStatus = 'ok' | 'degraded';
 

@@ -2,8 +2,10 @@ import { readFile, readdir, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { execa } from 'execa';
 import { request } from 'undici';
-import { parseCatalog } from '../cli-proxy/catalog.js';
-import { parseInstancesFile, type ParseResult } from '../registry/schema.js';
+import { parseCatalog } from '../data/catalog.js';
+import type { ParseResult } from '../data/parse.js';
+import { parseInstancesFile } from '../data/registry.js';
+import { stateLayout } from '../data/state-layout.js';
 import { handoffPaths, readSlots } from '../renew/handoff.js';
 
 export type Level = 'ok' | 'warn' | 'problem';
@@ -85,6 +87,8 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   const out: Finding[] = [];
   const add = (level: Level, check: string, detail: string, fix?: string): void => void out.push({ level, check, detail, ...(fix ? { fix } : {}) });
   const now = o.now ?? Date.now();
+  const layout = stateLayout(o.stateDir);
+  const handoff = handoffPaths(o.handoffDir);
   const { users, groups } = await readAccounts(o.passwdPath ?? '/etc/passwd', o.groupPath ?? '/etc/group');
   const service = users.get('agent-connectors');
   const renewGid = groups.get('agent-connectors-renew');
@@ -100,11 +104,11 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   // 2. directories and their modes
   const dirs: Array<[string, number, string, string]> = [
     [o.stateDir, 0o750, 'agent-connectors', 'agent-connectors-renew'],
-    [join(o.stateDir, 'mcp-forwarder'), 0o700, 'agent-connectors', 'agent-connectors'],
-    [join(o.stateDir, 'cli-proxy'), 0o700, 'agent-connectors', 'agent-connectors'],
+    [layout.forwarderDir, 0o700, 'agent-connectors', 'agent-connectors'],
+    [layout.cliProxyDir, 0o700, 'agent-connectors', 'agent-connectors'],
     [o.handoffDir, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
-    [join(o.handoffDir, 'inbox'), 0o2770, 'agent-connectors', 'agent-connectors-renew'],
-    [join(o.handoffDir, 'slots'), 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+    [handoff.inbox, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+    [handoff.slots, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
   ];
   for (const [path, mode, user, group] of dirs) {
     const st = await stat(path).catch(() => undefined);
@@ -123,8 +127,8 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   // 3. registry and catalog, and every token file they name
   const secrets: string[] = [];
   const configFiles: Array<[string, (t: string) => ParseResult<Record<string, { tokenFile: string }>>, string]> = [
-    [join(o.stateDir, 'mcp-forwarder', 'instances.json'), parseInstancesFile, 'registry'],
-    [join(o.stateDir, 'cli-proxy', 'providers.json'), parseCatalog, 'catalog'],
+    [layout.instances, parseInstancesFile, 'registry'],
+    [layout.providers, parseCatalog, 'catalog'],
   ];
   const tokenFiles = new Set<string>();
   const neededSlots = new Set<string>();
@@ -147,7 +151,7 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
       neededSlots.add(what === 'registry' && instanceId ? `instance:${instanceId}` : `cli:${key}`);
     }
   }
-  for (const file of [...tokenFiles, ...(await readdir(join(o.handoffDir, 'inbox')).catch(() => [] as string[])).map((n) => join(o.handoffDir, 'inbox', n))]) {
+  for (const file of [...tokenFiles, ...(await readdir(handoff.inbox).catch(() => [] as string[])).map((n) => join(handoff.inbox, n))]) {
     secrets.push(file);
     const st = await stat(file).catch(() => undefined);
     if (!st) {
@@ -175,19 +179,19 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
     if (!agent) add('problem', 'agent user', `no such user ${o.agentUser}`);
     else {
       const readable: string[] = [];
-      for (const path of [...secrets, join(o.handoffDir, 'inbox')]) if (await canRead(path, agent)) readable.push(path);
+      for (const path of [...secrets, handoff.inbox]) if (await canRead(path, agent)) readable.push(path);
       if (readable.length === 0) add('ok', 'agent user', `${o.agentUser} can read no secret (${secrets.length} files checked)`);
       for (const path of readable) add('problem', 'agent user', `${o.agentUser} can read ${path}`, `chmod o-rwx ${path}; ${tmpfilesFix}`);
     }
   }
 
   // 5. token freshness from slot files; every binding and provider needs one, or fetch never renews it
-  const { slots, errors } = await readSlots(handoffPaths(o.handoffDir));
+  const { slots, errors } = await readSlots(handoff);
   const known = new Set(slots.map((s) => s.slot));
   for (const slot of neededSlots) {
     if (!known.has(slot)) add('problem', 'renewal', `${slot} has no slot file: its token will never be renewed`, slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)');
   }
-  for (const e of errors) add('problem', 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(o.handoffDir, 'slots', e.file)}' and bind again`);
+  for (const e of errors) add('problem', 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
   for (const s of slots) {
     if (s.revoked) add('problem', 'renewal', `${s.slot} was revoked by the Gateway`, 'agent-connectors unbind <its bindings>');
     else if (!s.tokenId || !s.expiresAt) add('problem', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');

@@ -1,8 +1,8 @@
-import type { UpstreamOptions } from '../http/dispatch.js';
+import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Logger } from '../log/logger.js';
-import { parseInstancesFile, type InstancesFile } from '../registry/schema.js';
+import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { createForwarderHandler } from './handler.js';

@@ -6,7 +6,7 @@ import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue
 import { readBody } from '../http/request-body.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
-import { bindingPrefix, type Binding, type InstancesFile } from '../registry/schema.js';
+import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
 import { readTokenFile } from '../token/token-file.js';
 import { version } from '../version.js';
 import { HEALTH_METHODS, MCP_METHODS, mcpMethodOf, route } from './route.js';

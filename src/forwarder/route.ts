@@ -1,4 +1,4 @@
-import { BINDING_ID } from '../registry/schema.js';
+import { BINDING_ID } from '../data/registry.js';
 
 export type Route =
   | { kind: 'health' }

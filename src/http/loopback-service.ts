@@ -9,7 +9,7 @@ import type { Logger } from '../log/logger.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
-import { createUpstreamAgent, type UpstreamOptions } from './dispatch.js';
+import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';

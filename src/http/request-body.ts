@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { AppError } from '../errors.js';
+import { AppError, ClientGoneError } from '../errors.js';
 
 export const DEFAULT_BODY_LIMIT = 4 * 1024 * 1024;
 
@@ -68,12 +68,4 @@ function drain(req: IncomingMessage): void {
   req.once('end', () => clearTimeout(timer));
   req.once('close', () => clearTimeout(timer));
   req.resume();
-}
-
-/** The agent went away before its request was complete: nobody to answer. */
-export class ClientGoneError extends Error {
-  constructor() {
-    super('client closed the connection');
-    this.name = 'ClientGoneError';
-  }
 }

@@ -1,12 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { AppError, sendError, toAppError } from '../errors.js';
+import { AppError, ClientGoneError, sendError, toAppError } from '../errors.js';
 import { accessLogFor } from '../log/access-line.js';
 import type { Logger } from '../log/logger.js';
-import { AbortedError } from './dispatch.js';
+
 import { firstValue } from './headers.js';
 import { checkHost, checkOrigin } from './loopback.js';
-import { ClientGoneError } from './request-body.js';
+
 import type { InFlight } from './server.js';
 
 /**
@@ -23,6 +23,8 @@ export interface AccessRecord {
   outcome: string;
   /** Why no token could be used (missing, empty, unreadable, malformed). */
   tokenProblem?: string;
+  /** Why a loopback check refused the request (a fixed phrase, never the header's value). */
+  refused?: string;
   [field: string]: string | number | boolean | undefined;
 }
 
@@ -68,12 +70,21 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
         res.shouldKeepAlive = false;
         throw new AppError('forbidden_peer');
       }
-      if (!checkHost(req.headers.host, deps.port()).ok) throw new AppError('forbidden_host');
-      if (!checkOrigin(firstValue(req.headers.origin)).ok) throw new AppError('forbidden_origin');
+      // The reason goes into the access line (the operator's), never into the answer.
+      const host = checkHost(req.headers.host, deps.port());
+      if (!host.ok) {
+        rec.refused = host.reason;
+        throw new AppError('forbidden_host');
+      }
+      const origin = checkOrigin(firstValue(req.headers.origin));
+      if (!origin.ok) {
+        rec.refused = origin.reason;
+        throw new AppError('forbidden_origin');
+      }
       await route(req, res, rec);
     };
     run().catch((err: unknown) => {
-      if (err instanceof AbortedError || err instanceof ClientGoneError) {
+      if (err instanceof ClientGoneError) {
         rec.outcome = 'client_closed';
         res.destroy();
         return;

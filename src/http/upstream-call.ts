@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { Agent, Dispatcher } from 'undici';
-import { AbortedError, mapUpstreamError } from './dispatch.js';
+import { ClientGoneError, mapUpstreamError } from '../errors.js';
 import type { HeaderRecord } from './headers.js';
 
 /** Where a request goes, split once per config load rather than parsed per request. */
@@ -48,7 +48,7 @@ type State = 'waiting' | 'head' | 'piping' | 'discarding' | 'done';
  * request, before or after its headers; the upstream sees its connection close.
  */
 export class UpstreamCall implements Dispatcher.DispatchHandler {
-  /** Resolves at the upstream's final response headers; rejects with an AppError or AbortedError. */
+  /** Resolves at the upstream's final response headers; rejects with an AppError or ClientGoneError. */
   readonly head: Promise<UpstreamHead>;
   bytesOut = 0;
 
@@ -71,7 +71,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   private readonly onClose = (): void => {
     this.clientGone = !this.res.writableFinished;
     this.abandoned = true;
-    this.controller?.abort(new AbortedError());
+    this.controller?.abort(new ClientGoneError());
   };
 
   private readonly onDrain = (): void => {
@@ -92,7 +92,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
       this.clientGone = true;
       this.abandoned = true;
       this.state = 'done';
-      this.rejectHead(new AbortedError());
+      this.rejectHead(new ClientGoneError());
       return;
     }
     res.once('close', this.onClose);
@@ -110,7 +110,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller;
     // The agent left while the request was still queued for a connection.
-    if (this.abandoned) controller.abort(new AbortedError());
+    if (this.abandoned) controller.abort(new ClientGoneError());
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: UpstreamHead['headers']): void {
@@ -133,7 +133,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
         return;
       case 'discarding':
         this.discarded += chunk.length;
-        if (this.discarded > DISCARD_LIMIT) controller.abort(new AbortedError());
+        if (this.discarded > DISCARD_LIMIT) controller.abort(new ClientGoneError());
         return;
       default:
         return;
@@ -186,7 +186,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
       res.writeHead(statusCode, headers);
     } catch (err) {
       // Node refused a header value: nothing went out; the caller answers with an error.
-      this.controller?.abort(new AbortedError());
+      this.controller?.abort(new ClientGoneError());
       this.finish();
       throw err;
     }

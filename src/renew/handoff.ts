@@ -1,7 +1,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { parseJsonWith } from '../config/parse-json.js';
+import { parseJsonWith } from '../data/parse.js';
 import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
 
 /**

@@ -1,8 +1,6 @@
-import { join } from 'node:path';
-import { parseCatalog } from '../cli-proxy/catalog.js';
-import { readConfigFile } from '../config/parse-json.js';
-import { defaultTokenPath } from '../config/state-dir.js';
-import { readInstances } from '../registry/registry-edit.js';
+import { readCatalog } from '../data/catalog.js';
+import { readInstances } from '../data/registry.js';
+import { stateLayout } from '../data/state-layout.js';
 import { parseSlotId } from './wire.js';
 
 export interface TargetConfig {
@@ -22,11 +20,11 @@ export async function tokenFilesFor(slot: string, config: TargetConfig): Promise
   if (parsed.kind === 'instance') {
     const all = await readInstances(config.instancesPath);
     const files = new Set(Object.values(all).filter((b) => b.instanceId === parsed.id).map((b) => b.tokenFile));
-    return files.size > 0 ? [...files] : [defaultTokenPath(config.stateDir, parsed.id)];
+    return files.size > 0 ? [...files] : [stateLayout(config.stateDir).instanceToken(parsed.id)];
   }
   // The same catalog and parser as the cli-proxy: an invalid file throws a ConfigError that
   // names the file without quoting it, and apply leaves the inbox file for the next run.
-  const catalog = await readConfigFile(config.providersPath, parseCatalog, {});
+  const catalog = await readCatalog(config.providersPath);
   if (Object.hasOwn(catalog, parsed.id)) return [(catalog[parsed.id] as { tokenFile: string }).tokenFile];
-  return [join(config.stateDir, 'cli-proxy', `${parsed.id}.token`)];
+  return [stateLayout(config.stateDir).providerToken(parsed.id)];
 }

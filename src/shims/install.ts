@@ -1,6 +1,6 @@
 import { chmod, lstat, mkdir, readdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { Catalog } from '../cli-proxy/catalog.js';
+import type { Catalog } from '../data/catalog.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 import { renderShims, SHIM_MARKER } from './render.js';
 

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import type { Catalog } from '../cli-proxy/catalog.js';
+import type { Catalog } from '../data/catalog.js';
 
 /** A fixed, non-secret stand-in for the credential a CLI insists on having. */
 export const PLACEHOLDER = 'agent-connectors-placeholder';

@@ -64,12 +64,3 @@ export function readTokenFile(path: string): TokenRead {
     closeSync(fd);
   }
 }
-
-/** Where a part gets its credential for one request; the only implementation reads a file. */
-export interface TokenSource {
-  read(): TokenRead;
-}
-
-export function fileTokenSource(path: string): TokenSource {
-  return { read: () => readTokenFile(path) };
-}

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { HotFile, type HotState } from '../../src/config/hot-file.js';
-import { parseInstancesFile, type Binding, type InstancesFile } from '../../src/registry/schema.js';
+import { parseInstancesFile, type Binding, type InstancesFile } from '../../src/data/registry.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
 import { eventually } from '../helpers/poll.js';
 

@@ -1,6 +1,7 @@
 import t from 'tap';
 import { ConfigError } from '../../src/errors.js';
-import { checkHost, checkOrigin, isLoopbackAddress, parseListen } from '../../src/http/loopback.js';
+import { checkHost, checkOrigin, parseListen } from '../../src/http/loopback.js';
+import { isLoopbackAddress } from '../../src/net/loopback-address.js';
 
 t.test('isLoopbackAddress', async (t) => {
   for (const a of ['127.0.0.1', '127.0.0.2', '127.255.255.254', '127.1.2.3', '::1', '[::1]', '0:0:0:0:0:0:0:1', '::ffff:127.0.0.1', '::FFFF:127.9.9.9']) {

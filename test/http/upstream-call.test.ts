@@ -2,7 +2,7 @@ import { once } from 'node:events';
 import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { connect, type AddressInfo, type Socket } from 'node:net';
 import t from 'tap';
-import { createUpstreamAgent, UNUSED_CONNECTION_MS } from '../../src/http/dispatch.js';
+import { createUpstreamAgent, UNUSED_CONNECTION_MS } from '../../src/http/upstream-agent.js';
 import { UpstreamCall, type StreamOutcome, type UpstreamHead } from '../../src/http/upstream-call.js';
 import { until } from '../helpers/poll.js';
 

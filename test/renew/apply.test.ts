@@ -13,7 +13,7 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { defaultTokenPath } from '../../src/config/state-dir.js';
+import { stateLayout } from '../../src/data/state-layout.js';
 import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/renew/apply.js';
 import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
 import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
@@ -414,7 +414,7 @@ t.test('tokenFilesFor instance slots: no binding → the §2 default path', asyn
   const c = targets();
   const want = [join(c.stateDir, 'mcp-forwarder', 'inst-1.token')];
   t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'no instances.json');
-  t.strictSame(want, [defaultTokenPath(c.stateDir, 'inst-1')]);
+  t.strictSame(want, [stateLayout(c.stateDir).instanceToken('inst-1')]);
   writeInstances(c, { bindingAAAAAAAA: binding('other', '/srv/other.token') });
   t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'only other instances bound');
 });

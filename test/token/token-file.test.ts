@@ -3,7 +3,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, truncateSync, w
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { MAX_TOKEN_BYTES, fileTokenSource, parseToken, readTokenFile } from '../../src/token/token-file.js';
+import { MAX_TOKEN_BYTES, parseToken, readTokenFile } from '../../src/token/token-file.js';
 
 const KIB16 = 16 * 1024;
 
@@ -83,7 +83,7 @@ t.test('readTokenFile against real files', async (t) => {
     execFileSync('mv', [`${f}.new`, f]);
     t.same(readTokenFile(f), { ok: true, token: 'second' });
     writeFileSync(f, 'third\n');
-    t.same(fileTokenSource(f).read(), { ok: true, token: 'third' });
+    t.same(readTokenFile(f), { ok: true, token: 'third' });
   });
 
   t.test('missing file, missing parent, path through a file → missing', async (t) => {

@@ -1,5 +1,6 @@
 import t from 'tap';
-import { parseInstancesFile, type ParseResult, type InstancesFile } from '../../src/registry/schema.js';
+import type { ParseResult } from '../../src/data/parse.js';
+import { parseInstancesFile, type InstancesFile } from '../../src/data/registry.js';
 
 const ID = 'bind_schema_0001';
 const good = {

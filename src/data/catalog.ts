@@ -1,6 +1,11 @@
 import { z } from 'zod';
-import { parseJsonWith, type ParseResult } from '../config/parse-json.js';
-import { absolutePathSchema, upstreamUrlSchema } from '../registry/schema.js';
+import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
+import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
+
+/**
+ * The provider catalog, `<state>/cli-proxy/providers.json` (SPEC §5): where each SaaS's
+ * token may go and which CLIs use it. Read by the cli-proxy, renewal, shims and doctor.
+ */
 
 export const PROVIDER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$/;
@@ -59,4 +64,9 @@ export function parseCatalog(text: string): ParseResult<Catalog> {
     }
   }
   return parsed;
+}
+
+/** For one-shot readers (shims install, token targets): missing → empty; invalid → ConfigError. */
+export function readCatalog(path: string): Promise<Catalog> {
+  return readConfigFile(path, parseCatalog, {});
 }

@@ -1,6 +1,5 @@
-import { Agent, buildConnector, errors as undiciErrors } from 'undici';
+import { Agent, buildConnector } from 'undici';
 import type { Socket } from 'node:net';
-import { AppError } from '../errors.js';
 
 export interface UpstreamOptions {
   /** Time allowed for the upstream's response headers. Tool calls can be long. */
@@ -49,26 +48,4 @@ function closeIfNeverUsed(socket: Socket): void {
   setTimeout(() => {
     if (socket.bytesWritten === 0 && !socket.destroyed) socket.destroy();
   }, UNUSED_CONNECTION_MS).unref();
-}
-
-/** Raised when the request was aborted by us (the agent went away): nobody to answer. */
-export class AbortedError extends Error {
-  constructor() {
-    super('aborted');
-    this.name = 'AbortedError';
-  }
-}
-
-/**
- * Maps a failure before response headers to our error table. The message never carries
- * the upstream's host, port, path, errno or TLS text: only the code's fixed message.
- * Timeouts are 504; refused/reset/DNS/TLS and anything else from the socket are 502.
- */
-export function mapUpstreamError(err: unknown, clientGone: boolean): AppError | AbortedError {
-  if (clientGone) return new AbortedError();
-  if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.ConnectTimeoutError) {
-    return new AppError('upstream_timeout');
-  }
-  if (err instanceof undiciErrors.InvalidArgumentError) return new AppError('internal_error');
-  return new AppError('upstream_unreachable');
 }

@@ -1,10 +1,35 @@
 import { mkdir } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { readConfigFile } from '../config/parse-json.js';
+import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import { atomicWrite, ownerFor } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
-import { instancesFileSchema, parseInstancesFile, describeIssues, type InstancesFile } from './schema.js';
+import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
+import { describeIssues, keyPrefix, parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
+
+/** The binding registry, `<state>/mcp-forwarder/instances.json` (SPEC §3). */
+
+export const BINDING_ID = /^[A-Za-z0-9_-]{8,128}$/;
+
+export const bindingIdSchema = z.string().regex(BINDING_ID, 'bindingId must match [A-Za-z0-9_-]{8,128}');
+
+export const bindingSchema = z.strictObject({
+  instanceId: z.string().regex(/^[A-Za-z0-9_.-]{1,128}$/, 'instanceId must match [A-Za-z0-9_.-]{1,128}'),
+  upstreamUrl: upstreamUrlSchema,
+  tokenFile: absolutePathSchema,
+});
+
+export const instancesFileSchema = z.record(bindingIdSchema, bindingSchema);
+
+export type Binding = z.infer<typeof bindingSchema>;
+export type InstancesFile = z.infer<typeof instancesFileSchema>;
+
+/** A short, non-secret prefix of a binding id, safe for logs. */
+export const bindingPrefix = keyPrefix;
+
+export function parseInstancesFile(text: string): ParseResult<InstancesFile> {
+  return parseJsonWith(instancesFileSchema, text);
+}
 
 export function readInstances(path: string): Promise<InstancesFile> {
   return readConfigFile(path, parseInstancesFile, {});

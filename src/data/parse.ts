@@ -1,0 +1,86 @@
+import { readFile } from 'node:fs/promises';
+import type { z } from 'zod';
+import { ConfigError } from '../errors.js';
+
+/**
+ * The parse helpers every on-disk and wire format shares. This module sits at the bottom
+ * of the data layer: it imports nothing of ours but the error file.
+ */
+
+export type ParseResult<T> = { ok: true; value: T } | { ok: false; error: string };
+
+/**
+ * A short, non-secret prefix of a record key, safe for logs. Registry keys are binding ids
+ * (capabilities), so no format ever prints a whole key.
+ */
+export function keyPrefix(key: string): string {
+  return `${key.slice(0, 4)}…`;
+}
+
+/**
+ * zod's own messages may quote the offending text (an unknown key's name, say); ours are
+ * built from the issue code or from the fixed messages our schemas declare, so no file
+ * content reaches a log or /healthz.
+ */
+function issueMessage(issue: z.core.$ZodIssue): string {
+  switch (issue.code) {
+    case 'unrecognized_keys':
+      return `${issue.keys.length} unknown propert${issue.keys.length === 1 ? 'y' : 'ies'}`;
+    case 'invalid_key': {
+      const nested = issue.issues[0];
+      return nested && (nested.code === 'invalid_format' || nested.code === 'custom') ? `invalid key (${nested.message})` : 'invalid key';
+    }
+    case 'invalid_type':
+      return `expected ${issue.expected}`;
+    case 'custom':
+    case 'invalid_format':
+    case 'too_small':
+    case 'too_big':
+      return issue.message;
+    default:
+      return 'invalid value';
+  }
+}
+
+/** Formats zod issues without echoing values (a value could be a secret pasted by mistake). */
+export function describeIssues(error: z.ZodError): string {
+  return error.issues
+    .slice(0, 5)
+    .map((i) => {
+      const path = i.path.map((p, idx) => (idx === 0 && typeof p === 'string' ? keyPrefix(p) : String(p))).join('.');
+      return `${path || '(root)'}: ${issueMessage(i)}`;
+    })
+    .join('; ');
+}
+
+/**
+ * JSON text → a zod-checked value, or an error that never quotes the text (V8's JSON
+ * messages and zod's default messages can both echo what they read).
+ */
+export function parseJsonWith<T>(schema: z.ZodType<T>, text: string): ParseResult<T> {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return { ok: false, error: 'invalid JSON' };
+  }
+  const r = schema.safeParse(json);
+  return r.success ? { ok: true, value: r.data } : { ok: false, error: `schema: ${describeIssues(r.error)}` };
+}
+
+/**
+ * Reads a JSON config file for a command that edits or uses it once (bind, shims install):
+ * missing → `empty`; invalid → a ConfigError naming the file (exit 2), never overwritten.
+ */
+export async function readConfigFile<T>(path: string, parse: (text: string) => ParseResult<T>, empty: T): Promise<T> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return empty;
+    throw err;
+  }
+  const parsed = parse(text);
+  if (!parsed.ok) throw new ConfigError(`${path} is invalid (${parsed.error}); fix or remove it first`);
+  return parsed.value;
+}

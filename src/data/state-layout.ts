@@ -1,0 +1,54 @@
+import { homedir } from 'node:os';
+import { join, resolve } from 'node:path';
+
+/**
+ * The state root (SPEC §2): --state-dir, else $STATE_DIRECTORY (systemd's StateDirectory=,
+ * first entry if several), else /var/lib/agent-connectors for root, else the XDG state dir.
+ */
+export function resolveStateDir(flag: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+  if (flag) return resolve(flag);
+  const fromSystemd = env.STATE_DIRECTORY?.split(':')[0];
+  if (fromSystemd) return resolve(fromSystemd);
+  if (process.getuid?.() === 0) return '/var/lib/agent-connectors';
+  const xdg = env.XDG_STATE_HOME || join(env.HOME || homedir(), '.local', 'state');
+  return join(xdg, 'agent-connectors');
+}
+
+/** Every path under the state root, named once (SPEC §2). Commands' flags may override single entries. */
+export interface StateLayout {
+  root: string;
+  /** The forwarder's directory (0700 agent-connectors): the registry and the bindings' token files. */
+  forwarderDir: string;
+  instances: string;
+  /** The default token file of an AgentInstance. */
+  instanceToken: (instanceId: string) => string;
+  /** The cli-proxy's directory (0700 agent-connectors): the catalog and the providers' token files. */
+  cliProxyDir: string;
+  providers: string;
+  /** The default token file of a provider. */
+  providerToken: (provider: string) => string;
+  /** The hand-off directory between renew fetch and renew apply (SPEC §4). */
+  handoff: string;
+  /** renew fetch's own state (requestIds in flight); nobody else reads it. */
+  fetchPrivate: string;
+  /** Where a non-root user's shims go by default. */
+  shims: string;
+}
+
+export function stateLayout(stateDir: string): StateLayout {
+  const root = resolve(stateDir);
+  const forwarderDir = join(root, 'mcp-forwarder');
+  const cliProxyDir = join(root, 'cli-proxy');
+  return {
+    root,
+    forwarderDir,
+    instances: join(forwarderDir, 'instances.json'),
+    instanceToken: (instanceId) => join(forwarderDir, `${instanceId}.token`),
+    cliProxyDir,
+    providers: join(cliProxyDir, 'providers.json'),
+    providerToken: (provider) => join(cliProxyDir, `${provider}.token`),
+    handoff: join(root, 'handoff'),
+    fetchPrivate: join(root, 'renew-fetch'),
+    shims: join(root, 'shims'),
+  };
+}
