@@ -5,11 +5,13 @@ import { z } from 'zod';
 import { resolveStateDir, stateLayout, type StateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { defaultUpstreamOptions, type UpstreamOptions } from '../http/upstream-agent.js';
+import { DEFAULT_TOKEN_WAIT_MS } from '../token/token-wait.js';
 import { parseListen, type ListenAddress } from '../http/loopback.js';
 import { createLogger, LOG_LEVELS, type Logger } from '../log/logger.js';
 
 /** zod at the CLI boundary: every option value is validated and typed here. */
 export const positiveInt = z.coerce.number().int().positive();
+export const nonNegativeInt = z.coerce.number().int().min(0);
 export const logLevel = z.enum(LOG_LEVELS);
 
 /**
@@ -79,6 +81,7 @@ export function addServerOptions(cmd: Command, defaults: { listen: string; bodyL
     .option('--body-limit-bytes <n>', 'largest request body accepted', String(defaults.bodyLimit))
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
     .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
+    .option('--token-wait-ms <n>', 'after an upstream 401, how long to wait for a renewed token before answering 503 token_rejected (0: do not wait)', String(DEFAULT_TOKEN_WAIT_MS))
     .addOption(logLevelOption());
 }
 
@@ -88,6 +91,7 @@ export interface ServerOptions {
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
   allowedUids: Set<number> | undefined;
+  tokenWaitMs: number;
 }
 
 /** Validates what addServerOptions declared. */
@@ -98,5 +102,6 @@ export function serverOptions(opts: Record<string, unknown>): ServerOptions {
     upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
     shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
     allowedUids: parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined),
+    tokenWaitMs: parseOption(nonNegativeInt, opts.tokenWaitMs, '--token-wait-ms'),
   };
 }

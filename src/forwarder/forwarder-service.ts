@@ -5,6 +5,7 @@ import type { Logger } from '../log/logger.js';
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
+import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
 import { createForwarderHandler } from './handler.js';
 
 export interface ForwarderConfig {
@@ -14,6 +15,8 @@ export interface ForwarderConfig {
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
   allowedUids?: ReadonlySet<number> | undefined;
+  /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
+  tokenWaitMs?: number;
 }
 
 export interface ForwarderDepsIn {
@@ -33,7 +36,8 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     upstream: config.upstream,
     shutdownGraceMs: config.shutdownGraceMs,
     config: { path: config.instancesPath, parse: parseInstancesFile, empty: {}, label: 'registry', countField: 'instances', noun: 'instance' },
-    handler: (d) => createForwarderHandler({ ...d, registry: d.config, bodyLimit: config.bodyLimit }),
+    handler: (d) =>
+      createForwarderHandler({ ...d, registry: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
     log: deps.log,
     notifier: deps.notifier,
     onListening: deps.onListening,

@@ -1,13 +1,14 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
-import { AppError } from '../errors.js';
+import { AppError, ClientGoneError } from '../errors.js';
 import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
 import { readBody } from '../http/request-body.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
 import { readTokenFile } from '../token/token-file.js';
+import type { TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import { HEALTH_METHODS, MCP_METHODS, mcpMethodOf, route } from './route.js';
 
@@ -17,6 +18,9 @@ export interface ForwarderDeps extends PipelineDeps {
   registry: HotFile<InstancesFile>;
   agent: Agent;
   bodyLimit: number;
+  /** Shared by every request of this forwarder: one watch per token file in rotation. */
+  rotation: TokenRotationWait;
+  tokenWaitMs: number;
 }
 
 export function createForwarderHandler(deps: ForwarderDeps): (req: IncomingMessage, res: ServerResponse) => void {
@@ -80,12 +84,15 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   rec.upstreamStatus = head.statusCode;
   if (head.statusCode === 401) {
     await call.discard();
-    // Only renewal can fix a rejected token. If it already did (the file changed while
-    // the request was in flight), one retry with the new token saves the agent an error.
-    const again = readTokenFile(binding.tokenFile);
-    if (again.ok && again.token !== token) {
+    // The Gateway honours only a slot's current token: a 401 usually means a renewal has
+    // minted a new one that apply has not written yet. Wait for the file to change
+    // (bounded), then retry once with the new token; only a token that stays rejected is
+    // the agent's error.
+    const renewed = await waitForRenewedToken(deps, binding.tokenFile, token, res);
+    if (res.destroyed) throw new ClientGoneError();
+    if (renewed !== undefined) {
       rec.retried = true;
-      call = send(deps, binding, res, method, baseHeaders, body, again.token);
+      call = send(deps, binding, res, method, baseHeaders, body, renewed);
       head = await call.head;
       rec.upstreamStatus = head.statusCode;
     }
@@ -123,4 +130,16 @@ function send(
     },
     res,
   );
+}
+
+/** The renewed token, or undefined if none came within the bound or the agent left. */
+async function waitForRenewedToken(deps: ForwarderDeps, path: string, rejected: string, res: ServerResponse): Promise<string | undefined> {
+  const left = new AbortController();
+  const onClose = (): void => left.abort();
+  res.once('close', onClose);
+  try {
+    return await deps.rotation.waitForChange(path, rejected, deps.tokenWaitMs, left.signal);
+  } finally {
+    res.off('close', onClose);
+  }
 }
