@@ -10,7 +10,7 @@ import { bindingPrefix, type Binding, type InstancesFile } from '../data/registr
 import { readTokenFile } from '../token/token-file.js';
 import type { TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
-import { HEALTH_METHODS, MCP_METHODS, mcpMethodOf, route } from './route.js';
+import { HEALTH_METHODS, MCP_METHODS, mcpCallOf, route } from './route.js';
 
 export const TOKEN_REJECTED_RETRY_AFTER_S = 10;
 
@@ -68,7 +68,12 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
 
   const body = await readBody(req, deps.bodyLimit);
   rec.bytesIn = body.length;
-  rec.mcpMethod = mcpMethodOf(firstValue(req.headers['mcp-method']), body);
+  const mcp = mcpCallOf({ method: firstValue(req.headers['mcp-method']), name: firstValue(req.headers['mcp-name']) }, body);
+  rec.mcpMethod = mcp.method;
+  if (mcp.tool !== undefined) rec.tool = mcp.tool;
+  if (mcp.id !== undefined) rec.rpcId = mcp.id;
+  const protocol = firstValue(req.headers['mcp-protocol-version']);
+  if (protocol !== undefined && mcp.method === 'tools/call') rec.protocolVersion = protocol.slice(0, 32);
 
   const read = readTokenFile(binding.tokenFile);
   if (!read.ok) {

@@ -25,23 +25,63 @@ export function route(target: string | undefined): Route {
   return BINDING_ID.test(m[1]) ? { kind: 'mcp', bindingId: m[1] } : { kind: 'unknown_binding' };
 }
 
+/** What the access line says about an MCP message: never an argument value. */
+export interface McpCall {
+  method?: string;
+  /** tools/call only: the tool's name (Mcp-Name header, else params.name), capped. */
+  tool?: string;
+  /** tools/call only: the JSON-RPC id, to match the line with the agent's own logs. */
+  id?: string | number;
+}
+
+const MAX_PARSED_BODY = 64 * 1024;
+const MAX_TOOL_NAME = 128;
+const MAX_ID = 64;
+
 /** The JSON-RPC method of a request, for the access log only: header first, body second. */
 export function mcpMethodOf(header: string | undefined, body: Buffer): string | undefined {
-  if (header) return header.slice(0, 64);
-  if (body.length === 0 || body.length > 64 * 1024) return undefined;
+  return mcpCallOf({ method: header }, body).method;
+}
+
+/**
+ * The method of a message, and for a tools/call its tool and id. Only a tools/call is
+ * parsed whole (the tool name sits inside params, in any key order); every other message
+ * is named off its head, as cheaply as before.
+ */
+export function mcpCallOf(headers: { method?: string | undefined; name?: string | undefined }, body: Buffer): McpCall {
+  const method = headers.method ? headers.method.slice(0, 64) : methodOfBody(body);
+  if (method !== 'tools/call') return method === undefined ? {} : { method };
+  const call: McpCall = { method };
+  if (headers.name) call.tool = headers.name.slice(0, MAX_TOOL_NAME);
+  const msg = body.length > 0 && body.length <= MAX_PARSED_BODY ? parseMessage(body) : undefined;
+  if (msg && typeof msg === 'object' && !Array.isArray(msg)) {
+    const m = msg as { id?: unknown; params?: { name?: unknown } };
+    if (call.tool === undefined && typeof m.params?.name === 'string') call.tool = m.params.name.slice(0, MAX_TOOL_NAME);
+    if (typeof m.id === 'number' && Number.isFinite(m.id)) call.id = m.id;
+    else if (typeof m.id === 'string') call.id = m.id.slice(0, MAX_ID);
+  }
+  return call;
+}
+
+function parseMessage(body: Buffer): unknown {
+  try {
+    return JSON.parse(body.toString('utf8')) as unknown;
+  } catch {
+    return undefined; // not JSON: the upstream will say so; the line just has less
+  }
+}
+
+function methodOfBody(body: Buffer): string | undefined {
+  if (body.length === 0 || body.length > MAX_PARSED_BODY) return undefined;
   const fast = methodFromHead(body);
   if (fast !== undefined) return fast;
-  try {
-    const msg = JSON.parse(body.toString('utf8')) as unknown;
-    const first = Array.isArray(msg) ? (msg[0] as unknown) : msg;
-    if (first && typeof first === 'object' && 'method' in first && typeof first.method === 'string') {
-      const name = first.method.slice(0, 64);
-      return Array.isArray(msg) && msg.length > 1 ? `batch:${name}` : name;
-    }
-    if (first && typeof first === 'object' && 'result' in first) return 'response';
-  } catch {
-    // Not JSON: the upstream will say so; the log just has no method.
+  const msg = parseMessage(body);
+  const first = Array.isArray(msg) ? (msg[0] as unknown) : msg;
+  if (first && typeof first === 'object' && 'method' in first && typeof first.method === 'string') {
+    const name = first.method.slice(0, 64);
+    return Array.isArray(msg) && msg.length > 1 ? `batch:${name}` : name;
   }
+  if (first && typeof first === 'object' && 'result' in first) return 'response';
   return undefined;
 }
 
