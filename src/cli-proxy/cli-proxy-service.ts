@@ -5,6 +5,7 @@ import type { Logger } from '../log/logger.js';
 import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
+import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
 import { createCliProxyHandler } from './handler.js';
 
 export interface CliProxyConfig {
@@ -14,6 +15,8 @@ export interface CliProxyConfig {
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
   allowedUids?: ReadonlySet<number> | undefined;
+  /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
+  tokenWaitMs?: number;
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
@@ -25,7 +28,8 @@ export function createCliProxyService(deps: { config: CliProxyConfig; log: Logge
     upstream: config.upstream,
     shutdownGraceMs: config.shutdownGraceMs,
     config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
-    handler: (d) => createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit }),
+    handler: (d) =>
+      createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
     log: deps.log,
     notifier: deps.notifier,
     onListening: deps.onListening,

@@ -2,11 +2,13 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Transform, type TransformCallback } from 'node:stream';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
-import { AppError } from '../errors.js';
+import { AppError, ClientGoneError } from '../errors.js';
 import { dropHeaderRecord, dropRawHeaders, firstValue } from '../http/headers.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
+import { readBody } from '../http/request-body.js';
 import { readTokenFile } from '../token/token-file.js';
+import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import type { Catalog } from '../data/catalog.js';
 import { injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
@@ -16,12 +18,24 @@ export interface CliProxyDeps extends PipelineDeps {
   catalog: HotFile<Catalog>;
   agent: Agent;
   bodyLimit: number;
+  /** Shared by every request: one watch per token file in rotation. */
+  rotation: TokenRotationWait;
+  tokenWaitMs: number;
 }
+
+/**
+ * A body up to this size is buffered so that a request meeting a token rotation can be
+ * sent again; a larger or chunked upload streams through and cannot be.
+ */
+export const REPLAY_LIMIT = 64 * 1024;
 
 /** Upstream → CLI: a session cookie would be a credential the agent could keep. */
 const RESPONSE_DROP: ReadonlySet<string> = new Set(['set-cookie', 'set-cookie2']);
 const REFUSED_METHODS = new Set(['CONNECT', 'TRACE']);
 const ALLOWED_METHODS = 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
+
+const STREAMED_NOT_RETRIED =
+  'The upstream rejected a token that renewal has since replaced; this request streamed its body, so it cannot be sent again: run the command again.';
 
 export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
   return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
@@ -63,11 +77,12 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   if (!provider) throw new AppError('unknown_provider');
   if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed', undefined, { allow: ALLOWED_METHODS });
 
-  const url = upstreamUrl(provider.upstream, r.rest, r.search);
   const basePath = new URL(provider.upstream).pathname.replace(/\/+$/, '');
+  const target = (): URL => upstreamUrl(provider.upstream, r.rest, r.search);
+  const first = target();
   // `..` out of the base path, or into a sibling of it (`/base-admin` next to `/base`).
-  if (basePath && url.pathname !== basePath && !url.pathname.startsWith(`${basePath}/`)) throw new AppError('not_found');
-  rec.path = url.pathname.slice(basePath.length, basePath.length + 200) || '/';
+  if (basePath && first.pathname !== basePath && !first.pathname.startsWith(`${basePath}/`)) throw new AppError('not_found');
+  rec.path = first.pathname.slice(basePath.length, basePath.length + 200) || '/';
 
   const declared = req.headers['content-length'];
   if (declared !== undefined && Number(declared) > deps.bodyLimit) throw new AppError('payload_too_large');
@@ -77,21 +92,47 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     rec.tokenProblem = read.reason;
     throw new AppError('token_unavailable');
   }
-  const headers = dropRawHeaders(req.rawHeaders, strippedHeaders(provider.inject));
-  injectToken(provider.inject, read.token, headers, url);
-
   const hasBody = declared !== undefined ? Number(declared) > 0 : req.headers['transfer-encoding'] !== undefined;
-  const limiter = hasBody ? new BodyLimit(deps.bodyLimit) : undefined;
+  const replayable = !hasBody || (declared !== undefined && Number(declared) <= REPLAY_LIMIT);
+  const buffered = hasBody && replayable ? await readBody(req, Math.min(REPLAY_LIMIT, deps.bodyLimit)) : undefined;
+  const limiter = hasBody && !replayable ? new BodyLimit(deps.bodyLimit) : undefined;
   if (limiter) req.pipe(limiter);
-  const call = new UpstreamCall(deps.agent, { target: upstreamTarget(url), method, headers, body: limiter ?? null }, res);
-  let upstream: UpstreamHead;
-  try {
-    upstream = await call.head;
-  } catch (err) {
-    if (limiter?.exceeded) throw new AppError('payload_too_large');
-    throw err;
+
+  // Injection writes into the headers and the URL: each attempt starts from fresh ones.
+  const send = (token: string, url: URL): UpstreamCall => {
+    const headers = dropRawHeaders(req.rawHeaders, strippedHeaders(provider.inject));
+    injectToken(provider.inject, token, headers, url);
+    return new UpstreamCall(deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
+  };
+  const headOf = async (call: UpstreamCall): Promise<UpstreamHead> => {
+    try {
+      return await call.head;
+    } catch (err) {
+      if (limiter?.exceeded) throw new AppError('payload_too_large');
+      throw err;
+    }
+  };
+  let token = read.token;
+  let url = first;
+  let call = send(token, url);
+  let upstream = await headOf(call);
+  if (upstream.statusCode === 401 && deps.tokenWaitMs > 0) {
+    // The SaaS may refuse a token the moment its successor is minted; renewal writes the
+    // successor within a second. The 401 is held (not yet relayed) while we wait.
+    const renewed = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res);
+    if (res.destroyed) throw new ClientGoneError();
+    if (renewed !== undefined) {
+      await call.discard();
+      rec.upstreamStatus = 401;
+      if (!replayable) throw new AppError('token_rejected', STREAMED_NOT_RETRIED);
+      rec.retried = true;
+      token = renewed;
+      url = target();
+      call = send(token, url);
+      upstream = await headOf(call);
+    }
   }
-  rec.bytesIn = limiter?.seen ?? 0;
+  rec.bytesIn = buffered?.length ?? limiter?.seen ?? 0;
   rec.upstreamStatus = upstream.statusCode;
 
   const out = dropHeaderRecord(upstream.headers, RESPONSE_DROP);
@@ -100,7 +141,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     let rewritten = rewriteLocation(location, url, provider.upstream, `http://${req.headers.host ?? ''}/p/${r.provider}`);
     // An upstream may echo the query it received: never hand the injected token back.
     if (provider.inject.type === 'query') rewritten = withoutQueryParam(rewritten, provider.inject.name);
-    if (rewritten.includes(read.token) || rewritten.includes(encodeURIComponent(read.token))) {
+    if (rewritten.includes(token) || rewritten.includes(encodeURIComponent(token))) {
       throw new AppError('upstream_unreachable'); // cannot be made safe; refuse rather than leak
     }
     out.location = rewritten;

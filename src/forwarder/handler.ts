@@ -8,7 +8,7 @@ import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps }
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
 import { readTokenFile } from '../token/token-file.js';
-import type { TokenRotationWait } from '../token/token-wait.js';
+import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import { HEALTH_METHODS, MCP_METHODS, mcpCallOf, route } from './route.js';
 
@@ -93,7 +93,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     // minted a new one that apply has not written yet. Wait for the file to change
     // (bounded), then retry once with the new token; only a token that stays rejected is
     // the agent's error.
-    const renewed = await waitForRenewedToken(deps, binding.tokenFile, token, res);
+    const renewed = await waitForRenewedToken(deps.rotation, binding.tokenFile, token, deps.tokenWaitMs, res);
     if (res.destroyed) throw new ClientGoneError();
     if (renewed !== undefined) {
       rec.retried = true;
@@ -137,14 +137,3 @@ function send(
   );
 }
 
-/** The renewed token, or undefined if none came within the bound or the agent left. */
-async function waitForRenewedToken(deps: ForwarderDeps, path: string, rejected: string, res: ServerResponse): Promise<string | undefined> {
-  const left = new AbortController();
-  const onClose = (): void => left.abort();
-  res.once('close', onClose);
-  try {
-    return await deps.rotation.waitForChange(path, rejected, deps.tokenWaitMs, left.signal);
-  } finally {
-    res.off('close', onClose);
-  }
-}

@@ -104,3 +104,24 @@ export class TokenRotationWait {
     if (this.files.get(path) === entry) this.files.delete(path);
   }
 }
+
+/**
+ * A proxy's wait for a renewed token on behalf of one request: ends early when the agent
+ * leaves (`res` closes). Resolves with the new token, or undefined.
+ */
+export async function waitForRenewedToken(
+  rotation: TokenRotationWait,
+  path: string,
+  rejected: string,
+  timeoutMs: number,
+  res: { once(event: 'close', fn: () => void): unknown; off(event: 'close', fn: () => void): unknown },
+): Promise<string | undefined> {
+  const left = new AbortController();
+  const onClose = (): void => left.abort();
+  res.once('close', onClose);
+  try {
+    return await rotation.waitForChange(path, rejected, timeoutMs, left.signal);
+  } finally {
+    res.off('close', onClose);
+  }
+}

@@ -1,0 +1,97 @@
+import { renameSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { request } from 'undici';
+import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
+import { checkNoLeaks, tempDir, writeToken } from './helpers/forwarder-proc.js';
+import { assertJsonError } from './helpers/http-raw.js';
+import { json, MockGateway } from './helpers/mock-gateway.js';
+import type { TapTest } from './helpers/tap-types.js';
+
+/**
+ * A provider's token rotating under a SaaS that honours only the newest token: a request
+ * with a small or no body waits for the renewed token file and is sent again; a streamed
+ * upload cannot be and says so; a 401 with no rotation is relayed to the CLI as it came.
+ */
+
+interface Rig {
+  saas: MockGateway;
+  proxy: CliProxyProc;
+  base: string;
+  mint: (token: string) => void;
+  apply: () => void;
+}
+
+async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
+  const saas = await MockGateway.start();
+  t.teardown(() => saas.close());
+  const stateDir = tempDir('ac-cli-rot-');
+  const tokenFile = join(stateDir, 'cli-proxy', 'acme.token');
+  const catalog = { acme: { upstream: saas.url('/api'), tokenFile, inject: { type: 'header', name: 'authorization', value: 'Bearer {token}' } } };
+  const proxy = await startCliProxy(t, { stateDir, catalog, args: waitMs === undefined ? [] : ['--token-wait-ms', String(waitMs)] });
+  let accepted = 'tok-cli-rot-0-AAAA';
+  writeToken(tokenFile, accepted);
+  saas.handle((req, res) => {
+    if (req.headers.authorization !== `Bearer ${accepted}`) return json(res, 401, { message: 'Bad credentials' }, { 'www-authenticate': 'Bearer' });
+    json(res, 200, { ok: true, got: req.body.length });
+  });
+  return {
+    saas,
+    proxy,
+    base: `${proxy.base}/p/acme`,
+    mint: (token) => {
+      accepted = token;
+    },
+    apply: () => {
+      writeToken(`${tokenFile}.new`, accepted);
+      renameSync(`${tokenFile}.new`, tokenFile);
+    },
+  };
+}
+
+t.test('GET and a small POST meeting a rotation are sent again with the new token', async (t) => {
+  const r = await rig(t);
+  r.mint('tok-cli-rot-1-BBBB');
+  const get = request(`${r.base}/repos`);
+  await r.saas.waitForRequests(1);
+  r.apply();
+  const res = await get;
+  t.equal(res.statusCode, 200);
+  await res.body.text();
+  t.same(r.saas.requests.map((q) => q.headers.authorization), ['Bearer tok-cli-rot-0-AAAA', 'Bearer tok-cli-rot-1-BBBB']);
+
+  r.mint('tok-cli-rot-2-CCCC');
+  const body = JSON.stringify({ title: 'x'.repeat(1000) });
+  const post = request(`${r.base}/issues`, { method: 'POST', body, headers: { 'content-type': 'application/json' } });
+  await r.saas.waitForRequests(3);
+  r.apply();
+  const res2 = await post;
+  t.equal(res2.statusCode, 200);
+  t.same(await res2.body.json(), { ok: true, got: Buffer.byteLength(body) }, 'the retry carried the whole body');
+  t.equal(r.saas.requests[3]?.body.toString(), body);
+  checkNoLeaks(t);
+});
+
+t.test('a streamed upload meeting a rotation is not sent again: 503 token_rejected saying why', async (t) => {
+  const r = await rig(t);
+  r.mint('tok-cli-rot-3-DDDD');
+  const big = Buffer.alloc(200 * 1024, 0x61);
+  const put = request(`${r.base}/upload`, { method: 'PUT', body: big, headers: { 'content-type': 'application/octet-stream' } });
+  await r.saas.waitForRequests(1);
+  r.apply();
+  const res = await put;
+  const text = await res.body.text();
+  assertJsonError(t, { status: res.statusCode, headers: res.headers, body: text, text }, 503, 'token_rejected');
+  t.match((JSON.parse(text) as { message: string }).message, /cannot be sent again/);
+  t.equal(r.saas.requests.length, 1, 'not sent twice');
+});
+
+t.test('a 401 with no rotation is relayed to the CLI as the SaaS sent it, after the bound', async (t) => {
+  const r = await rig(t, 200);
+  r.mint('tok-cli-never-EEEE');
+  const res = await request(`${r.base}/repos`);
+  t.equal(res.statusCode, 401);
+  t.same(await res.body.json(), { message: 'Bad credentials' });
+  t.equal(res.headers['www-authenticate'], 'Bearer');
+  t.equal(r.saas.requests.length, 1);
+});
