@@ -1,21 +1,13 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
-import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
-import {
-  checkNoLeaks,
-  startCli,
-  startForwarder,
-  tempDir,
-  writeInstances,
-  writeToken,
-  type CliProc,
-  type ForwarderProc,
-  type LogLine,
-} from './helpers/forwarder-proc.js';
-import { assertJsonError, parseResponse, pollUntil, RawConnection, type Resp } from './helpers/http-raw.js';
-import { json, MockGateway } from './helpers/mock-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { checkNoLeaks, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
+import { json, MockGateway } from '../test/support/mock-gateway.js';
+import { until } from '../test/support/poll.js';
+import { forwarderRig, startRig, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { assertJsonError, parseResponse, RawConnection, type Resp } from './helpers/http-raw.js';
 
 /*
  * SPEC / issue 5 item 3: with `--allowed-uids`, the peer UID of each accepted loopback
@@ -123,12 +115,9 @@ async function gateway(tt: TapTest): Promise<MockGateway> {
   return gw;
 }
 
-async function forwarder(tt: TapTest, gw: MockGateway, allowed: string, token: string, extra: string[] = []): Promise<ForwarderProc & { url: string }> {
-  const fwd = await startForwarder(tt, { args: ['--allowed-uids', allowed, ...extra] });
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-a.token');
-  writeToken(tokenFile, token);
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-a', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+/** A forwarder with one binding to `gw`; `url` is the binding's path. */
+async function forwarder(tt: TapTest, gw: MockGateway, allowed: string, token: string, extra: string[] = []): Promise<ProxyProc & { url: string }> {
+  const { fwd } = await forwarderRig(tt, { binding: BINDING, token, gw, args: ['--allowed-uids', allowed, ...extra] });
   return Object.assign(fwd, { url: `/i/${BINDING}/mcp` });
 }
 
@@ -197,7 +186,7 @@ test('forwarder: the refusal is logged once per refused connection, not per requ
   const three = await asNobody(fwd.port, httpRequest('POST', fwd.url, fwd.port, PING), 3);
   t.equal(three.length, 3);
   for (const c of three) t.equal(c.responses[0]?.status, 403, 'each connection refused');
-  await pollUntil(() => count(fwd, isRefusal, mark) >= 3 && count(fwd, isAccess, mark) >= 3, 'three refusals logged');
+  await until(() => count(fwd, isRefusal, mark) >= 3 && count(fwd, isAccess, mark) >= 3, 'three refusals logged');
   await new Promise((r) => setTimeout(r, 200));
   t.equal(count(fwd, isRefusal, mark), 3, 'three connections → exactly three refusal lines');
 
@@ -207,7 +196,7 @@ test('forwarder: the refusal is logged once per refused connection, not per requ
   const [one] = await asNobody(fwd.port, pipelined);
   t.ok((one?.responses.length ?? 0) >= 1, 'at least one answer');
   for (const r of one?.responses ?? []) t.equal(r.status, 403, 'every answer on it is 403');
-  await pollUntil(() => count(fwd, isRefusal, mark) >= 1 && count(fwd, isAccess, mark) >= 1, 'the refusal logged');
+  await until(() => count(fwd, isRefusal, mark) >= 1 && count(fwd, isAccess, mark) >= 1, 'the refusal logged');
   await new Promise((r) => setTimeout(r, 200));
   t.equal(count(fwd, isRefusal, mark), 1, 'one connection → exactly one refusal line, however many requests');
   t.equal(gw.requests.length, 0, 'the upstream was never called');
@@ -227,7 +216,7 @@ test('forwarder: a keep-alive connection from an allowed uid serves several requ
   }
   t.notOk(conn.closed, 'the connection stayed open');
   t.equal(gw.requests.length, N, 'every request reached the upstream');
-  await pollUntil(() => count(fwd, isAccess, mark) >= N, `${N} access lines`);
+  await until(() => count(fwd, isAccess, mark) >= N, `${N} access lines`);
   const access = fwd.since(mark).filter(isAccess);
   t.equal(access.length, N, `${N} access lines`);
   t.ok(access.every((l) => l.status === 200 && l.outcome === 'ok'), 'all served (200, ok)');
@@ -242,7 +231,7 @@ test('forwarder: a keep-alive connection from an allowed uid serves several requ
   t.equal(c?.responses.length, 3, 'three answers on one connection');
   t.ok(c?.responses.every((r) => r.status === 200), 'all 200');
   t.equal(gw.requests.length, before + 3, 'all three reached the upstream');
-  await pollUntil(() => count(fwd2, isAccess, mark2) >= 3, 'three access lines');
+  await until(() => count(fwd2, isAccess, mark2) >= 3, 'three access lines');
   t.ok(fwd2.since(mark2).filter(isAccess).every((l) => l.status === 200), 'all served in the access log');
   t.equal(count(fwd2, isRefusal, mark2), 0, 'no refusal');
 });
@@ -320,7 +309,7 @@ test('forwarder on 127.0.0.1 (the default family) with --allowed-uids 0: a dual-
 test('--allowed-uids with an unknown user name: forwarder and cli-proxy exit 2 at start, naming it', async (t) => {
   for (const part of ['forwarder', 'cli-proxy']) {
     for (const value of ['no-such-user', '0,no-such-user']) {
-      const proc = startCli([part, '--listen', '127.0.0.1:0', '--state-dir', tempDir(), '--allowed-uids', value]);
+      const proc = startCli([part, '--listen', '127.0.0.1:0', '--state-dir', tempDir('ac-test-', t), '--allowed-uids', value]);
       t.teardown(() => proc.stop('SIGKILL'));
       const { code } = await proc.exited;
       t.equal(code, 2, `${part} --allowed-uids ${value}: exits 2`);
@@ -333,15 +322,17 @@ test('--allowed-uids with an unknown user name: forwarder and cli-proxy exit 2 a
 // ---------------------------------------------------------------------------------------
 // cli-proxy
 
-async function cliProxy(tt: TapTest, gw: MockGateway, allowed: string, token: string): Promise<CliProxyProc> {
-  const stateDir = tempDir('ac-cli-proxy-uids-');
-  const tokenFile = join(stateDir, 'notion.token');
-  writeToken(tokenFile, token);
-  const catalog = { notion: { upstream: gw.url('/v1'), tokenFile, inject: { type: 'header', name: 'X-Api-Key', value: 'Key {token}' } } };
-  const proxy = await startCliProxy(tt, { stateDir, catalog, args: ['--allowed-uids', allowed] });
-  tt.ok(proxy.port > 0, 'cli-proxy listening with its port');
-  await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1);
-  return proxy;
+async function cliProxy(tt: TapTest, gw: MockGateway, allowed: string, token: string): Promise<ProxyProc> {
+  const { proc } = await startRig(tt, 'cli-proxy', {
+    upstream: gw,
+    args: ['--allowed-uids', allowed],
+    tokens: { 'notion.token': token },
+    config: (up, dir) => ({
+      notion: { upstream: up.url('/v1'), tokenFile: join(dir, 'notion.token'), inject: { type: 'header', name: 'X-Api-Key', value: 'Key {token}' } },
+    }),
+  });
+  tt.ok(proc.port > 0, 'cli-proxy listening with its port');
+  return proc;
 }
 
 test('cli-proxy --allowed-uids 0: root is served; nobody gets 403 forbidden_peer, upstream never called', async (t) => {
@@ -361,7 +352,7 @@ test('cli-proxy --allowed-uids 0: root is served; nobody gets 403 forbidden_peer
   const health = (await asNobody(proxy.port, httpRequest('GET', '/healthz', proxy.port)))[0]?.responses[0];
   if (health) assertJsonError(t, health, 403, 'forbidden_peer', 'nobody on /healthz');
   t.equal(gw.requests.length, 1, 'the upstream was not called for nobody');
-  await pollUntil(() => count(proxy, isRefusal, mark) >= 2, 'two refusals');
+  await until(() => count(proxy, isRefusal, mark) >= 2, 'two refusals');
   await new Promise((r) => setTimeout(r, 200));
   t.equal(count(proxy, isRefusal, mark), 2, 'two connections → two refusal lines');
   t.ok(proxy.since(mark).filter(isRefusal).every((l) => l.uid === NOBODY_UID), 'each names uid 65534');
@@ -375,7 +366,7 @@ test('cli-proxy: one refusal line per connection with pipelined requests; keep-a
   const [one] = await asNobody(proxy.port, req + req + httpRequest('GET', '/p/notion/users', proxy.port, '', true));
   t.ok((one?.responses.length ?? 0) >= 1, 'answered');
   t.ok(one?.responses.every((r) => r.status === 403), 'every answer 403');
-  await pollUntil(() => count(proxy, isRefusal, mark) >= 1 && count(proxy, isAccess, mark) >= 1, 'refusal logged');
+  await until(() => count(proxy, isRefusal, mark) >= 1 && count(proxy, isAccess, mark) >= 1, 'refusal logged');
   await new Promise((r) => setTimeout(r, 200));
   t.equal(count(proxy, isRefusal, mark), 1, 'exactly one refusal line');
   t.equal(gw.requests.length, 0, 'upstream never called');
@@ -389,7 +380,7 @@ test('cli-proxy: one refusal line per connection with pipelined requests; keep-a
     t.equal((await conn.readResponse()).status, 200, `request ${i + 1} served`);
   }
   t.notOk(conn.closed, 'still the same open connection');
-  await pollUntil(() => count(proxy, isAccess, mark) >= N, 'access lines');
+  await until(() => count(proxy, isAccess, mark) >= N, 'access lines');
   t.equal(proxy.since(mark).filter(isAccess).filter((l) => l.status === 200).length, N, `${N} served in the access log`);
   t.equal(count(proxy, isRefusal, mark), 0, 'no refusal');
 });

@@ -5,7 +5,7 @@
  */
 import t from 'tap';
 import { runSmoke } from '../bench/smoke.js';
-import { CLI } from './helpers/forwarder-proc.js';
+import { CLI } from '../test/support/cli-proc.js';
 
 t.test('bench --smoke: forwarder streams in order, unbuffered, with exact bytes and flat RSS', async (t) => {
   const result = await runSmoke({ cli: process.env.BENCH_CLI ?? CLI, log: (line) => t.comment(line) });

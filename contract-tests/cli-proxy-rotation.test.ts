@@ -2,11 +2,12 @@ import { renameSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { request } from 'undici';
-import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
-import { checkNoLeaks, tempDir, writeToken } from './helpers/forwarder-proc.js';
+import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
+import { json, MockGateway } from '../test/support/mock-gateway.js';
+import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 import { assertJsonError } from './helpers/http-raw.js';
-import { json, MockGateway } from './helpers/mock-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
 
 /**
  * A provider's token rotating under a SaaS that honours only the newest token: a request
@@ -16,7 +17,7 @@ import type { TapTest } from './helpers/tap-types.js';
 
 interface Rig {
   saas: MockGateway;
-  proxy: CliProxyProc;
+  proxy: ProxyProc;
   base: string;
   mint: (token: string) => void;
   apply: () => void;
@@ -25,10 +26,10 @@ interface Rig {
 async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
   const saas = await MockGateway.start();
   t.teardown(() => saas.close());
-  const stateDir = tempDir('ac-cli-rot-');
+  const stateDir = tempDir('ac-cli-rot-', t);
   const tokenFile = join(stateDir, 'cli-proxy', 'acme.token');
   const catalog = { acme: { upstream: saas.url('/api'), tokenFile, inject: { type: 'header', name: 'authorization', value: 'Bearer {token}' } } };
-  const proxy = await startCliProxy(t, { stateDir, catalog, args: waitMs === undefined ? [] : ['--token-wait-ms', String(waitMs)] });
+  const proxy = await startProxy(t, 'cli-proxy', { stateDir, config: catalog, args: waitMs === undefined ? [] : ['--token-wait-ms', String(waitMs)] });
   let accepted = 'tok-cli-rot-0-AAAA';
   writeToken(tokenFile, accepted);
   saas.handle((req, res) => {

@@ -6,12 +6,23 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import t from 'tap';
 import { request } from 'undici';
-import { cliProxyDir, rssBytes, startCliProxy, waitForLogAfter, writeCatalog, type CliProxyProc } from './helpers/cli-proxy-proc.js';
-import { checkNoLeaks, knownSecrets, leakedSecrets, REPO_ROOT, tempDir, writeToken, type LogLine } from './helpers/forwarder-proc.js';
+import {
+  checkNoLeaks,
+  knownSecrets,
+  leakedSecrets,
+  REPO_ROOT,
+  waitForLogAfter,
+  writeJsonAtomic,
+  writeToken,
+  type LogLine,
+} from '../test/support/cli-proc.js';
+import { json, MockGateway, sse, type SeenRequest } from '../test/support/mock-gateway.js';
+import { deferred, within } from '../test/support/poll.js';
+import { partDir, startProxy, startRig, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 import { assertJsonError, RawConnection, rawExchange, send, type Resp } from './helpers/http-raw.js';
-import { json, MockGateway, sse, type SeenRequest } from './helpers/mock-gateway.js';
-import { deferred, StreamReader, withDeadline } from './helpers/sse-client.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { StreamReader } from './helpers/sse-client.js';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -33,7 +44,7 @@ type Catalog = Record<string, ProviderSpec>;
 
 interface Setup {
   gw: MockGateway;
-  proxy: CliProxyProc;
+  proxy: ProxyProc;
   /** `<state>/cli-proxy`, where the token files live. */
   dir: string;
 }
@@ -45,14 +56,8 @@ const API_KEY: Inject = { type: 'header', name: 'X-Api-Key', value: 'Key {token}
  * token directory); waits until that catalog is in force.
  */
 async function setup(tt: TapTest, build: (gw: MockGateway, dir: string) => Catalog, args: string[] = []): Promise<Setup> {
-  const gw = await MockGateway.start();
-  tt.teardown(() => gw.close());
-  const stateDir = tempDir('ac-cli-proxy-');
-  const dir = cliProxyDir(stateDir);
-  const catalog = build(gw, dir);
-  const proxy = await startCliProxy(tt, { stateDir, catalog, args });
-  await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === Object.keys(catalog).length);
-  return { gw, proxy, dir };
+  const { upstream, proc } = await startRig(tt, 'cli-proxy', { config: build, args });
+  return { gw: upstream, proxy: proc, dir: proc.dir };
 }
 
 /** Remembers a token in both spellings a URL, a header or a log could carry it: raw and percent-encoded. */
@@ -80,8 +85,15 @@ async function tryRaw(port: number, text: string): Promise<Resp | Error> {
   }
 }
 
-function accessLine(proxy: CliProxyProc, mark: number, pred: (l: LogLine) => boolean = () => true): Promise<LogLine> {
+function accessLine(proxy: ProxyProc, mark: number, pred: (l: LogLine) => boolean = () => true): Promise<LogLine> {
   return waitForLogAfter(proxy, mark, (l) => l.msg === 'access' && pred(l));
+}
+
+/** The resident set size of a Linux process, in bytes (from /proc/<pid>/status). */
+function rssBytes(pid: number): number {
+  const m = /^VmRSS:\s+(\d+)\s+kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (!m?.[1]) throw new Error(`no VmRSS for pid ${pid}`);
+  return Number(m[1]) * 1024;
 }
 
 t.test('header injection under a custom name: the real token replaces every agent credential', async (t) => {
@@ -527,7 +539,7 @@ t.test('catalog: invalid files keep the last good one; hot reload adds and remov
   ];
   for (const [what, content] of invalid) {
     const mark = proxy.logs.length;
-    writeCatalog(proxy.providersPath, content);
+    writeJsonAtomic(proxy.configPath, content);
     const rejected = await waitForLogAfter(proxy, mark, (l) => l.msg === 'catalog rejected; keeping last good');
     t.equal(rejected.providers, 1, `${what}: rejected, the last good catalog (1 provider) stays`);
     t.same(await health(), { status: 'degraded', providers: 1, version: VERSION }, `${what}: /healthz degraded`);
@@ -537,7 +549,7 @@ t.test('catalog: invalid files keep the last good one; hot reload adds and remov
 
   let mark = proxy.logs.length;
   const added: ProviderSpec = { upstream: gw.url('/added'), tokenFile: join(dir, 'added.token'), inject: { type: 'query', name: 'key' } };
-  writeCatalog(proxy.providersPath, { old, added });
+  writeJsonAtomic(proxy.configPath, { old, added });
   await waitForLogAfter(proxy, mark, (l) => l.msg === 'catalog loaded' && l.providers === 2);
   t.same(await health(), { status: 'ok', providers: 2, version: VERSION }, 'a good file restores ok');
   t.equal(await serves('added'), 200, 'an added provider serves without restart');
@@ -545,7 +557,7 @@ t.test('catalog: invalid files keep the last good one; hot reload adds and remov
   t.equal(await serves('old'), 200);
 
   mark = proxy.logs.length;
-  writeCatalog(proxy.providersPath, { added });
+  writeJsonAtomic(proxy.configPath, { added });
   await waitForLogAfter(proxy, mark, (l) => l.msg === 'catalog loaded' && l.providers === 1);
   assertJsonError(t, await send(`${proxy.base}/p/old/ping`, { method: 'GET', headers: {} }), 404, 'unknown_provider', 'a removed provider 404s at once');
   t.equal(await serves('added'), 200);
@@ -556,15 +568,15 @@ t.test('catalog: invalid files keep the last good one; hot reload adds and remov
 t.test('catalog invalid at startup: the proxy starts degraded and empty, then loads a good file', async (t) => {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const stateDir = tempDir('ac-cli-proxy-');
-  const dir = cliProxyDir(stateDir);
+  const stateDir = tempDir('ac-cli-proxy-', t);
+  const dir = partDir(stateDir, 'cli-proxy');
   writeToken(join(dir, 'late.token'), 'tok-cliproxy-startup-T9');
-  const proxy = await startCliProxy(t, { stateDir, catalog: '{ "late": ' });
+  const proxy = await startProxy(t, 'cli-proxy', { stateDir, config: '{ "late": ' });
   await proxy.waitForLog((l) => l.msg === 'catalog rejected; keeping last good');
   const h1 = JSON.parse((await send(`${proxy.base}/healthz`, { method: 'GET', headers: {} })).body) as unknown;
   t.same(h1, { status: 'degraded', providers: 0, version: VERSION }, 'degraded, no providers');
   const mark = proxy.logs.length;
-  writeCatalog(proxy.providersPath, { late: { upstream: gw.url('/late'), tokenFile: join(dir, 'late.token'), inject: API_KEY } });
+  writeJsonAtomic(proxy.configPath, { late: { upstream: gw.url('/late'), tokenFile: join(dir, 'late.token'), inject: API_KEY } });
   await waitForLogAfter(proxy, mark, (l) => l.msg === 'catalog loaded' && l.providers === 1);
   t.equal((await send(`${proxy.base}/p/late/x`, { method: 'GET', headers: {} })).status, 200, 'serves once the file is fixed');
   t.equal(gw.requests[0]?.headers['x-api-key'], 'Key tok-cliproxy-startup-T9');
@@ -657,7 +669,7 @@ t.test('streaming: headers at once, each chunk reaches the CLI before the upstre
   }));
   writeToken(join(dir, 'llm.token'), 'tok-cliproxy-sse-W3');
   const upstream = sseHandle(gw);
-  const res = await withDeadline(
+  const res = await within(
     request(`${proxy.base}/p/llm/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'text/event-stream' }, body: '{"stream":true}' }),
     10_000,
     'response headers while the upstream has sent no event yet',
@@ -698,7 +710,7 @@ t.test('a CLI that goes away mid-stream: the upstream sees the close', async (t)
   await reader.waitForText('data: first');
   t.notOk(up.seen.wasAborted(), 'the upstream request is open while the CLI reads');
   res.body.destroy();
-  await withDeadline(up.seen.aborted, 10_000, 'the upstream to see the close');
+  await within(up.seen.aborted, 10_000, 'the upstream to see the close');
   t.ok(up.seen.wasAborted(), 'the upstream saw its request go away');
   const line = await accessLine(proxy, mark, (l) => l.path === '/events');
   t.equal(line.outcome, 'client_closed', 'access log: client_closed');

@@ -1,8 +1,9 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { CLI, tempDir } from './helpers/forwarder-proc.js';
+import { CLI } from '../test/support/cli-proc.js';
+import { tempDir } from '../test/support/temp-dir.js';
 
 interface Run {
   code: number | null;
@@ -26,9 +27,7 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
 }
 
 function stateDir(): string {
-  const d = tempDir('ac-cli-');
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
+  return tempDir('ac-cli-', t);
 }
 
 const instancesOf = (state: string): string => join(state, 'mcp-forwarder', 'instances.json');

@@ -4,25 +4,14 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { knownSecrets, checkNoLeaks, startCli, tempDir, type CliProc } from './helpers/forwarder-proc.js';
-
-async function waitForStderr(proc: CliProc, re: RegExp, timeoutMs = 15_000): Promise<RegExpExecArray> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    for (const line of proc.stderr) {
-      const m = re.exec(line);
-      if (m) return m;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out; stderr:\n${proc.stderr.join('\n')}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+import { knownSecrets, checkNoLeaks, startCli } from '../test/support/cli-proc.js';
+import { tempDir } from '../test/support/temp-dir.js';
 
 t.test('dev: a real MCP client lists and calls the demo tools through the forwarder', async (t) => {
   const stateDir = tempDir('ac-dev-');
   const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
   t.teardown(() => dev.stop('SIGKILL'));
-  const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
+  const url = (await dev.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   t.match(url, /^http:\/\/127\.0\.0\.1:\d+\/i\/demo_[A-Za-z0-9_-]+\/mcp$/);
 
   // The first token comes from renew fetch + apply against the demo Gateway.
@@ -70,7 +59,7 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   await dev.stop('SIGTERM');
   const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
   t.teardown(() => again.stop('SIGKILL'));
-  const url2 = (await waitForStderr(again, /MCP URL:\s+(\S+)/))[1] as string;
+  const url2 = (await again.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   t.equal(url2.replace(/:\d+\//, ':P/'), url.replace(/:\d+\//, ':P/'), 'same binding id across runs');
   await again.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
   knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
@@ -80,7 +69,7 @@ t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
   const stateDir = tempDir('ac-dev-rot-');
   const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
   t.teardown(() => dev.stop('SIGKILL'));
-  const url = (await waitForStderr(dev, /MCP URL:\s+(\S+)/))[1] as string;
+  const url = (await dev.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
   const tokenFile = join(stateDir, 'mcp-forwarder', 'demo.token');
   const client = new Client({ name: 'dev-rotation', version: '1.0.0' });
@@ -88,14 +77,16 @@ t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
   await client.connect(transport);
   const session = transport.sessionId;
   const seen = new Set<string>();
-  const deadline = Date.now() + 30_000;
-  while (seen.size < 3 && Date.now() < deadline) {
+  // Each round waits for a renewal applied after it read the token; at worst every other
+  // round sees the token of the round before, so six rounds see three tokens.
+  for (let round = 0; round < 6 && seen.size < 3; round++) {
+    const mark = dev.logs.length;
     knownSecrets.add(readFileSync(tokenFile, 'utf8').trim());
     const r = await client.callTool({ name: 'whoami', arguments: {} });
     const text = (r.content as Array<{ type: string; text: string }>)[0]?.text ?? '{}';
     seen.add((JSON.parse(text) as { tokenId: string }).tokenId);
     t.equal(transport.sessionId, session, 'same MCP session');
-    await new Promise((r) => setTimeout(r, 250));
+    if (seen.size < 3) await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo', 20_000, mark);
   }
   t.ok(seen.size >= 3, `the Gateway saw ${seen.size} distinct token ids in one session`);
   t.ok(dev.logs.filter((l) => l.msg === 'renewed; handed to apply').length >= 3, 'fetch logged the renewals');

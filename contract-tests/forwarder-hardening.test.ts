@@ -1,38 +1,22 @@
-import { join } from 'node:path';
 import t from 'tap';
-import {
-  checkNoLeaks,
-  startCli,
-  startForwarder,
-  tempDir,
-  writeInstances,
-  writeToken,
-  type CliProc,
-  type ForwarderProc,
-} from './helpers/forwarder-proc.js';
-import { assertJsonError, pollUntil, RawConnection, rawExchange, send, type Resp } from './helpers/http-raw.js';
-import { MockGateway } from './helpers/mock-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { checkNoLeaks, startCli, type CliProc } from '../test/support/cli-proc.js';
+import type { MockGateway } from '../test/support/mock-gateway.js';
+import { within } from '../test/support/poll.js';
+import { forwarderRig, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { assertJsonError, RawConnection, rawExchange, send, type Resp } from './helpers/http-raw.js';
 
 const BINDING = 'bind_hardening_01';
 const BODY = '{"jsonrpc":"2.0","id":1,"method":"tools/list"}';
 
 interface Setup {
   gw: MockGateway;
-  fwd: ForwarderProc;
+  fwd: ProxyProc;
   url: string;
 }
 
-async function setup(tt: TapTest, args: string[] = []): Promise<Setup> {
-  const gw = await MockGateway.start();
-  tt.teardown(() => gw.close());
-  const fwd = await startForwarder(tt, { args });
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-x.token');
-  writeToken(tokenFile, 'tok-hardening-RRRR');
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-x', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  return { gw, fwd, url: `${fwd.base}/i/${BINDING}/mcp` };
-}
+const setup = (tt: TapTest, args: string[] = []): Promise<Setup> => forwarderRig(tt, { binding: BINDING, token: 'tok-hardening-RRRR', args });
 
 /** A raw POST to the binding with the given header lines (no Host unless given). */
 function rawPost(lines: string[], version = '1.1', body = BODY): string {
@@ -205,9 +189,7 @@ t.test('oversized request headers: 431, and the process keeps serving', async (t
 
 /** Waits for a CLI process to exit, failing (and killing it) if it does not within the deadline. */
 async function exitOf(t: TapTest, proc: CliProc, what: string): Promise<number | null> {
-  let done = false;
-  void proc.exited.then(() => (done = true));
-  await pollUntil(() => done, `${what} exits`, 10_000).catch((err: Error) => {
+  await within(proc.exited, 10_000, `${what} exits`).catch((err: Error) => {
     t.fail(err.message);
     proc.child.kill('SIGKILL');
   });
@@ -215,7 +197,7 @@ async function exitOf(t: TapTest, proc: CliProc, what: string): Promise<number |
 }
 
 t.test('CLI: a non-loopback --listen is refused at startup; usage errors exit 2; --help exits 0', async (t) => {
-  const stateDir = tempDir();
+  const stateDir = tempDir('ac-test-', t);
   for (const listen of ['0.0.0.0:0', '192.168.1.1:0', '[::]:0', '10.0.0.1:0']) {
     const proc = startCli(['forwarder', '--listen', listen, '--state-dir', stateDir]);
     const code = await exitOf(t, proc, `--listen ${listen}`);

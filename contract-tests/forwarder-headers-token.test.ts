@@ -1,48 +1,17 @@
 import { mkdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
 import { request } from 'undici';
-import {
-  checkNoLeaks,
-  knownSecrets,
-  leakedSecrets,
-  startForwarder,
-  writeInstances,
-  writeToken,
-  type ForwarderProc,
-  type LogLine,
-} from './helpers/forwarder-proc.js';
+import { checkNoLeaks, knownSecrets, leakedSecrets, waitForLogAfter, writeToken } from '../test/support/cli-proc.js';
+import { json } from '../test/support/mock-gateway.js';
+import { forwarderRig } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
 import { assertJsonError, RawConnection, send, type Resp } from './helpers/http-raw.js';
-import { json, MockGateway } from './helpers/mock-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
 
 const BINDING = 'bind_headers_token_01';
 
-interface Setup {
-  gw: MockGateway;
-  fwd: ForwarderProc;
-  tokenFile: string;
-  url: string;
-}
-
 /** A forwarder with one binding; the token file is written only when `token` is given. */
-async function setup(tt: TapTest, token?: string): Promise<Setup> {
-  const gw = await MockGateway.start();
-  tt.teardown(() => gw.close());
-  const fwd = await startForwarder(tt);
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-h.token');
-  if (token !== undefined) writeToken(tokenFile, token);
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-h', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  return { gw, fwd, tokenFile, url: `${fwd.base}/i/${BINDING}/mcp` };
-}
-
-/** Waits for a log line printed after `mark` (an index into fwd.logs). */
-function waitForLogAfter(fwd: ForwarderProc, mark: number, pred: (l: LogLine) => boolean): Promise<LogLine> {
-  const before = new Set(fwd.logs.slice(0, mark));
-  return fwd.waitForLog((l) => !before.has(l) && pred(l));
-}
+const setup = (tt: TapTest, token?: string) => forwarderRig(tt, token === undefined ? { binding: BINDING } : { binding: BINDING, token });
 
 const RPC = '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"search","arguments":{"q":"x"}}}';
 

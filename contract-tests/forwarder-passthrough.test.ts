@@ -1,22 +1,12 @@
-import { join } from 'node:path';
 import t from 'tap';
 import { request } from 'undici';
-import { checkNoLeaks, startForwarder, writeInstances, writeToken } from './helpers/forwarder-proc.js';
-import type { TapTest } from './helpers/tap-types.js';
-import { MockGateway } from './helpers/mock-gateway.js';
+import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
+import { forwarderRig } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
 
 const BINDING = 'bind_passthrough_01';
 
-async function setup(tt: TapTest) {
-  const gw = await MockGateway.start();
-  tt.teardown(() => gw.close());
-  const fwd = await startForwarder(tt);
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-a.token');
-  writeToken(tokenFile, 'tok-passthrough-AAAA');
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-a', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  return { gw, fwd, tokenFile, url: `${fwd.base}/i/${BINDING}/mcp` };
-}
+const setup = (tt: TapTest) => forwarderRig(tt, { binding: BINDING, token: 'tok-passthrough-AAAA' });
 
 t.test('1. JSON passes byte-identical both ways; upstream sees the file token', async (t) => {
   const { gw, url } = await setup(t);

@@ -3,10 +3,11 @@ import { renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { request } from 'undici';
 import t from 'tap';
-import { checkNoLeaks, startForwarder, writeInstances, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
+import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
+import { json, MockGateway } from '../test/support/mock-gateway.js';
+import { loadConfig, startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
 import { assertJsonError, RawConnection, send } from './helpers/http-raw.js';
-import { json, MockGateway } from './helpers/mock-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
 
 /**
  * SPEC §4: the Gateway honours only a slot's current token, so a renewal opens a window
@@ -21,7 +22,7 @@ const OK = '{"jsonrpc":"2.0","id":7,"result":{"content":[]}}';
 
 interface Rig {
   gw: MockGateway;
-  fwd: ForwarderProc;
+  fwd: ProxyProc;
   url: string;
   /** The token the strict Gateway accepts now. */
   current: () => string;
@@ -34,12 +35,11 @@ interface Rig {
 async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const fwd = await startForwarder(t, { args: waitMs === undefined ? [] : ['--token-wait-ms', String(waitMs)] });
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-rot.token');
+  const fwd = await startProxy(t, 'forwarder', { args: waitMs === undefined ? [] : ['--token-wait-ms', String(waitMs)] });
+  const tokenFile = join(fwd.dir, 'inst-rot.token');
   let accepted = 'tok-rotation-0-AAAA';
   writeToken(tokenFile, accepted);
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-rot', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  await loadConfig(fwd, { [BINDING]: { instanceId: 'inst-rot', upstreamUrl: gw.url(), tokenFile } });
   gw.handle((req, res) => {
     if (req.headers.authorization !== `Bearer ${accepted}`) return json(res, 401, { error: 'invalid_token' });
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(OK) });

@@ -1,36 +1,22 @@
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
-import { join } from 'node:path';
 import t from 'tap';
 import { request } from 'undici';
-import { checkNoLeaks, startForwarder, writeInstances, writeToken, type ForwarderProc, type LogLine } from './helpers/forwarder-proc.js';
-import type { TapTest } from './helpers/tap-types.js';
-import { MockGateway, json, sse, type SeenRequest } from './helpers/mock-gateway.js';
-import { closedPort, deferred, pollUntil, StreamReader, withDeadline } from './helpers/sse-client.js';
+import { checkNoLeaks, type LogLine } from '../test/support/cli-proc.js';
+import { json, sse, type MockGateway, type SeenRequest } from '../test/support/mock-gateway.js';
+import { deferred, until, within } from '../test/support/poll.js';
+import { forwarderRig, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { closedPort, StreamReader } from './helpers/sse-client.js';
 
 const BINDING = 'bind_streaming_0001';
 const TOKEN = 'tok-streaming-S3cr3t-9f1c';
 const MiB = 1024 * 1024;
 
-interface Setup {
-  gw: MockGateway;
-  fwd: ForwarderProc;
-  url: string;
-}
-
 /** A forwarder with one binding to `upstreamUrl` (default: a fresh mock Gateway). */
-async function setup(tt: TapTest, opts: { args?: string[]; upstreamUrl?: (gw: MockGateway) => string } = {}): Promise<Setup> {
-  const gw = await MockGateway.start();
-  tt.teardown(() => gw.close());
-  const fwd = await startForwarder(tt, { args: opts.args ?? [] });
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-stream.token');
-  writeToken(tokenFile, TOKEN);
-  const upstreamUrl = opts.upstreamUrl ? opts.upstreamUrl(gw) : gw.url();
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-stream', upstreamUrl, tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  return { gw, fwd, url: `${fwd.base}/i/${BINDING}/mcp` };
-}
+const setup = (tt: TapTest, opts: { args?: string[]; upstreamUrl?: (gw: MockGateway) => string } = {}) =>
+  forwarderRig(tt, { binding: BINDING, token: TOKEN, args: opts.args ?? [], ...(opts.upstreamUrl ? { upstreamUrl: opts.upstreamUrl } : {}) });
 
 const MCP_POST = {
   method: 'POST' as const,
@@ -39,7 +25,7 @@ const MCP_POST = {
 };
 
 /** The access log line of the request the upstream saw (matched by x-request-id). */
-function accessLineFor(fwd: ForwarderProc, seen: SeenRequest): Promise<LogLine> {
+function accessLineFor(fwd: ProxyProc, seen: SeenRequest): Promise<LogLine> {
   const reqId = seen.headers['x-request-id'];
   return fwd.waitForLog((l) => l.msg === 'access' && l.reqId === reqId);
 }
@@ -57,7 +43,7 @@ function sseHandle(gw: MockGateway): Promise<{ send: (data: string) => void; end
 t.test('9. SSE: the agent gets status and headers while the upstream has sent no event yet', async (t) => {
   const { gw, url } = await setup(t);
   const upstream = sseHandle(gw);
-  const res = await withDeadline(request(url, MCP_POST), 10_000, 'response headers with no event sent');
+  const res = await within(request(url, MCP_POST), 10_000, 'response headers with no event sent');
   const up = await upstream;
   t.equal(res.statusCode, 200);
   t.match(res.headers['content-type'], /^text\/event-stream/);
@@ -118,7 +104,7 @@ t.test('11. agent disconnect mid-stream aborts the upstream request; access log 
   await reader.waitForText('data: first');
   t.notOk(up.seen.wasAborted(), 'upstream request still open while the agent reads');
   res.body.destroy();
-  await withDeadline(up.seen.aborted, 10_000, 'the upstream to see the close');
+  await within(up.seen.aborted, 10_000, 'the upstream to see the close');
   t.ok(up.seen.wasAborted(), 'upstream saw its request go away before the end');
   const line = await accessLineFor(fwd, up.seen);
   t.equal(line.outcome, 'client_closed');
@@ -132,11 +118,11 @@ t.test('11. agent disconnect before the upstream answered (long tool call) abort
   });
   const controller = new AbortController();
   const pending = request(url, { ...MCP_POST, signal: controller.signal });
-  const seen = await withDeadline(gw.waitForRequests(1), 10_000, 'the request to reach the upstream');
+  const seen = await within(gw.waitForRequests(1), 10_000, 'the request to reach the upstream');
   t.notOk(seen.wasAborted(), 'upstream request open while the agent waits');
   controller.abort();
   await t.rejects(pending, 'the agent gave up');
-  await withDeadline(seen.aborted, 10_000, 'the upstream to see the close');
+  await within(seen.aborted, 10_000, 'the upstream to see the close');
   t.ok(seen.wasAborted(), 'the upstream saw its request go away');
   const line = await accessLineFor(fwd, seen);
   t.equal(line.outcome, 'client_closed');
@@ -174,7 +160,7 @@ t.test('backpressure: a paused agent stalls the upstream; all bytes arrive after
   t.equal(res.statusCode, 200);
   // The agent reads nothing. Wait until the upstream is either done (no backpressure) or
   // stuck in a write that returned false and has made no progress since.
-  await pollUntil(
+  await until(
     () => written >= TOTAL || (waitingForDrain && Date.now() - lastProgress > 750),
     'the upstream to finish or to stall',
     20_000,
@@ -248,14 +234,14 @@ t.test('headers timeout', async (t) => {
     gw.handle(() => {
       // Never answers.
     });
-    const res = await withDeadline(request(url, MCP_POST), 15_000, 'the forwarder to give up on the upstream');
+    const res = await within(request(url, MCP_POST), 15_000, 'the forwarder to give up on the upstream');
     const body = await res.body.text();
     t.equal(res.statusCode, 504);
     t.equal((JSON.parse(body) as { error: string }).error, 'upstream_timeout');
     const seen = gw.requests[0];
     t.ok(seen, 'the upstream was called');
     if (!seen) return;
-    await withDeadline(seen.aborted, 10_000, 'the upstream to see the abort');
+    await within(seen.aborted, 10_000, 'the upstream to see the abort');
     t.ok(seen.wasAborted(), 'the upstream saw the request go away');
     const line = await accessLineFor(fwd, seen);
     t.equal(line.status, 504);
@@ -290,7 +276,7 @@ t.test('failure after headers: the upstream dies mid-stream → the agent connec
   up.send('data: one\n\n');
   await reader.waitForText('data: one');
   up.res.socket?.destroy();
-  const end = await withDeadline(reader.ended, 10_000, 'the agent stream to finish');
+  const end = await within(reader.ended, 10_000, 'the agent stream to finish');
   t.equal(end.kind, 'error', 'the agent sees an error / premature close, not a clean end');
   t.equal(reader.text(), 'data: one\n\n', 'what arrived before the failure is intact');
   const line = await accessLineFor(fwd, up.seen);

@@ -1,11 +1,11 @@
-import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { Progress } from '@modelcontextprotocol/sdk/types.js';
 import t from 'tap';
-import { checkNoLeaks, startForwarder, writeInstances, writeToken } from './helpers/forwarder-proc.js';
+import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
+import { until } from '../test/support/poll.js';
+import { binding, startRig } from '../test/support/proxy-rig.js';
 import { McpUpstream } from './helpers/mcp-upstream.js';
-import { pollUntil } from './helpers/sse-client.js';
 
 const BINDING = 'bind_mcp_session_01';
 
@@ -18,13 +18,12 @@ function firstText(result: Awaited<ReturnType<Client['callTool']>>): string | un
 t.test('13. an SDK client keeps one MCP session through the forwarder across token renewals', async (t) => {
   const tokens = ['tok-mcp-gen0-7a1b2c', 'tok-mcp-gen1-8d3e4f', 'tok-mcp-gen2-9a5b6c', 'tok-mcp-gen3-0d7e8f'];
   let accepted = tokens[0] as string;
-  const upstream = await McpUpstream.start({ check: (token) => token === accepted });
-  t.teardown(() => upstream.close());
-  const fwd = await startForwarder(t);
-  const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-mcp.token');
-  writeToken(tokenFile, tokens[0] as string);
-  writeInstances(fwd.instancesPath, { [BINDING]: { instanceId: 'inst-mcp', upstreamUrl: upstream.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  const { upstream, proc: fwd, tokenFile: tokenPath } = await startRig(t, 'forwarder', {
+    upstream: () => McpUpstream.start({ check: (token) => token === accepted }),
+    tokens: { 'inst-mcp.token': tokens[0] as string },
+    config: (up, dir) => ({ [BINDING]: binding(dir, 'inst-mcp', up.url()) }),
+  });
+  const tokenFile = tokenPath('inst-mcp.token');
 
   const client = new Client({ name: 'contract-test-agent', version: '0.0.0' });
   const transport = new StreamableHTTPClientTransport(new URL(`${fwd.base}/i/${BINDING}/mcp`));
@@ -73,11 +72,11 @@ t.test('13. an SDK client keeps one MCP session through the forwarder across tok
 
   // Ending the session: DELETE with the session id, carrying the current token.
   await transport.terminateSession();
-  await pollUntil(() => upstream.seen.some((s) => s.method === 'DELETE'), 'the DELETE to reach the upstream');
+  await until(() => upstream.seen.some((s) => s.method === 'DELETE'), 'the DELETE to reach the upstream');
   const del = upstream.seen.find((s) => s.method === 'DELETE');
   t.equal(del?.sessionId, sessionId, 'DELETE carried the session id');
   t.equal(del?.token, tokens.at(-1), 'DELETE carried the newest token');
-  await pollUntil(() => !upstream.sessions.has(sessionId ?? ''), 'the upstream to end the session');
+  await until(() => !upstream.sessions.has(sessionId ?? ''), 'the upstream to end the session');
 
   const [init, ...rest] = upstream.seen;
   t.equal(init?.rpcMethod, 'initialize', 'the first request was initialize');

@@ -8,8 +8,10 @@ import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, 
 import { join } from 'node:path';
 import t from 'tap';
 import { ensureAgentUser, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from './helpers/agent-user.js';
-import { checkNoLeaks, leakedSecrets, REPO_ROOT, startCli, tempDir, writeToken, type CliProc } from './helpers/forwarder-proc.js';
-import { json, MockGateway } from './helpers/mock-gateway.js';
+import { checkNoLeaks, leakedSecrets, REPO_ROOT, startCli, writeToken, type CliProc } from '../test/support/cli-proc.js';
+import { json, MockGateway } from '../test/support/mock-gateway.js';
+import { startProxy } from '../test/support/proxy-rig.js';
+import { tempDir } from '../test/support/temp-dir.js';
 
 const FIXTURE = join(REPO_ROOT, 'contract-tests/fixtures/fake-cli.sh');
 const FX_TOKEN = `tok-shims-fx-REAL-${process.pid}-7b1d9e`;
@@ -138,13 +140,10 @@ async function main(): Promise<void> {
       ],
     },
   };
-  writeFileSync(join(state, 'cli-proxy', 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
-
-  const proxy = startCli(['cli-proxy', '--listen', '127.0.0.1:0', '--state-dir', state, '--log-level', 'trace']);
-  t.teardown(() => proxy.stop('SIGKILL'));
-  proxyPort = (await proxy.waitForLog((l) => l.msg === 'cli-proxy listening')).port as number;
+  const proxy = await startProxy(t, 'cli-proxy', { stateDir: state, config: catalog });
+  proxyPort = proxy.port;
   await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 2);
-  const proxyUrl = `http://127.0.0.1:${proxyPort}`;
+  const proxyUrl = proxy.base;
   // npm sends only the placeholder, from the environment the shim gave it.
   writeFileSync(npmrc, `//127.0.0.1:${proxyPort}/p/npmreg/:_authToken=\${NPM_TOKEN}\n`, { mode: 0o644 });
   chmodSync(npmrc, 0o644);

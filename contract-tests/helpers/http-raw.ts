@@ -1,6 +1,6 @@
 import { connect, type Socket } from 'node:net';
 import { request } from 'undici';
-import type { TapTest } from './tap-types.js';
+import type { TapTest } from '../../test/support/tap.js';
 
 /** One HTTP response as the agent saw it: status, lower-cased headers, body text. */
 export interface Resp {
@@ -209,14 +209,5 @@ export async function rawExchange(port: number, requestText: string | Buffer, ti
     return await conn.readResponse(timeoutMs);
   } finally {
     conn.destroy();
-  }
-}
-
-/** Waits for `cond` to become true, checking every few ms, failing after `timeoutMs`. */
-export async function pollUntil(cond: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
   }
 }

@@ -1,6 +1,9 @@
 import { createServer } from 'node:net';
 import type { Readable } from 'node:stream';
 
+// Kept under these names for renew-*.test.ts and forwarder-process.test.ts (not yet migrated).
+export { deferred, until as pollUntil, within as withDeadline } from '../../test/support/poll.js';
+
 /** How a response body stream finished, as the agent saw it. */
 export type StreamEnd = { kind: 'end' } | { kind: 'error'; error: Error };
 
@@ -89,31 +92,6 @@ export class StreamReader {
   }
 }
 
-/** Races `p` against a deadline; the deadline is a failure, never an assertion of speed. */
-export async function withDeadline<T>(p: Promise<T>, timeoutMs: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      p,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), timeoutMs);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** Polls `pred` until true or the deadline passes (then throws naming `what`). */
-export async function pollUntil(pred: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000, everyMs = 20): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    if (await pred()) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
-}
-
 /** A loopback port that was just free and is now closed (nothing listens on it). */
 export async function closedPort(): Promise<number> {
   const srv = createServer();
@@ -122,11 +100,4 @@ export async function closedPort(): Promise<number> {
   const port = typeof addr === 'object' && addr ? addr.port : 0;
   await new Promise<void>((r) => srv.close(() => r()));
   return port;
-}
-
-/** A resolvable promise, for a test to tell a mock upstream "now". */
-export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } {
-  let resolve!: (v: T) => void;
-  const promise = new Promise<T>((r) => (resolve = r));
-  return { promise, resolve };
 }

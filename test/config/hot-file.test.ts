@@ -1,18 +1,14 @@
-import { mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, renameSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { HotFile, type HotState } from '../../src/config/hot-file.js';
 import { parseInstancesFile, type Binding, type InstancesFile } from '../../src/data/registry.js';
-import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
-import { eventually } from '../helpers/poll.js';
+import type { TapTest } from '../support/tap.js';
+import { eventually } from '../support/poll.js';
+import { tempDir } from '../support/temp-dir.js';
 
-function dir(): string {
-  const d = mkdtempSync(join(tmpdir(), 'ac-hot-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
+const dir = (): string => tempDir('ac-hot-', t);
 
 function binding(instanceId: string): Binding {
   return { instanceId, upstreamUrl: 'https://gateway.example.com/mcp', tokenFile: `/tmp/${instanceId}.token` };

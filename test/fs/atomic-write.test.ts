@@ -1,25 +1,11 @@
-import {
-  lstatSync,
-  mkdirSync,
-  mkdtempSync,
-  readFileSync,
-  readdirSync,
-  rmSync,
-  statSync,
-  symlinkSync,
-  writeFileSync,
-} from 'node:fs';
-import { tmpdir } from 'node:os';
+import { lstatSync, mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import t from 'tap';
 import { atomicWrite } from '../../src/fs/atomic-write.js';
+import { tempDir } from '../support/temp-dir.js';
 
-function dir(): string {
-  const d = mkdtempSync(join(tmpdir(), 'ac-atomic-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
+const dir = (): string => tempDir('ac-atomic-', t);
 
 function modeOf(path: string): number {
   return statSync(path).mode & 0o777;

@@ -1,17 +1,13 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setImmediate as tick } from 'node:timers/promises';
 import t from 'tap';
 import { withFileLock } from '../../src/fs/file-lock.js';
+import { tempDir } from '../support/temp-dir.js';
 
-function dir(): string {
-  const d = mkdtempSync(join(tmpdir(), 'ac-lock-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
+const dir = (): string => tempDir('ac-lock-', t);
 
 /** A pid that surely belonged to a process that has exited. */
 async function deadPid(): Promise<number> {

@@ -1,6 +1,8 @@
 import t from 'tap';
 import {
   agentToUpstreamPolicy,
+  dropHeaderRecord,
+  dropRawHeaders,
   filterHeaderRecord,
   filterRawHeaders,
   upstreamToAgentPolicy,
@@ -225,4 +227,40 @@ t.test('filterHeaderRecord drops every non-whitelisted header for both policies'
   const dropUp = Object.fromEntries(UPSTREAM_DROPPED.map((n) => [n, 'x']));
   t.strictSame(filterHeaderRecord(dropUp, upstreamToAgentPolicy), {});
   t.strictSame(filterRawHeaders([], agentToUpstreamPolicy), {});
+});
+
+t.test('cli-proxy: dropRawHeaders drops hop-by-hop, Connection-named, x-forwarded-* and the drop set; keeps the rest', async (t) => {
+  const out = dropRawHeaders(
+    raw([
+      ['Host', '127.0.0.1:4000'],
+      ['Connection', 'keep-alive, X-Secret-Hop'],
+      ['X-Secret-Hop', 'named by Connection'],
+      ['Keep-Alive', 'timeout=5'],
+      ['Transfer-Encoding', 'chunked'],
+      ['Proxy-Authorization', 'Basic eDp5'],
+      ['X-Forwarded-For', '10.0.0.1'],
+      ['Authorization', 'Bearer agent'],
+      ['Notion-Version', '2022-06-28'],
+      ['X-Custom', 'a'],
+      ['x-custom', 'b'],
+    ]),
+    new Set(['host', 'authorization']),
+  );
+  t.same(out, { 'notion-version': '2022-06-28', 'x-custom': ['a', 'b'] });
+});
+
+t.test('cli-proxy: dropHeaderRecord drops hop-by-hop, Connection-named and the drop set from a response', async (t) => {
+  const out = dropHeaderRecord(
+    {
+      connection: 'close, x-hop',
+      'x-hop': '1',
+      'transfer-encoding': 'chunked',
+      'set-cookie': ['a=1', 'b=2'],
+      'content-type': 'application/json',
+      location: '/next',
+      'x-absent': undefined,
+    },
+    new Set(['set-cookie']),
+  );
+  t.same(out, { 'content-type': 'application/json', location: '/next' });
 });

@@ -4,7 +4,7 @@ import { connect, type AddressInfo, type Socket } from 'node:net';
 import t from 'tap';
 import { createUpstreamAgent, UNUSED_CONNECTION_MS } from '../../src/http/upstream-agent.js';
 import { UpstreamCall, type StreamOutcome, type UpstreamHead } from '../../src/http/upstream-call.js';
-import { until } from '../helpers/poll.js';
+import { until } from '../support/poll.js';
 
 /** A real upstream whose handler each test chooses; counts its open TCP connections. */
 class Upstream {

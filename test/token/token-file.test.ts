@@ -1,17 +1,13 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chmodSync, mkdirSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { MAX_TOKEN_BYTES, parseToken, readTokenFile } from '../../src/token/token-file.js';
+import { tempDir } from '../support/temp-dir.js';
 
 const KIB16 = 16 * 1024;
 
-function dir(): string {
-  const d = mkdtempSync(join(tmpdir(), 'ac-token-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
+const dir = (): string => tempDir('ac-token-', t);
 
 function parse(s: string | Buffer): ReturnType<typeof parseToken> {
   return parseToken(typeof s === 'string' ? Buffer.from(s, 'latin1') : s);

@@ -2,7 +2,7 @@ import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+import type { TapTest } from '../support/tap.js';
 import { TokenRotationWait } from '../../src/token/token-wait.js';
 
 function setup(t: TapTest): { dir: string; file: string; rotate: (token: string) => void } {

@@ -5,10 +5,11 @@ import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } 
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
-import { runDoctor, type Finding } from '../src/doctor/doctor.js';
-import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
-import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, startForwarder, tempDir, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { runDoctor, type Finding } from '../../src/doctor/doctor.js';
+import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, writeToken } from '../support/cli-proc.js';
+import { startProxy, type ProxyProc } from '../support/proxy-rig.js';
+import type { TapTest } from '../support/tap.js';
+import { tempDir } from '../support/temp-dir.js';
 
 /*
  * Issue 5 item 4: `agent-connectors doctor` checks users/groups, directory and file owners
@@ -180,8 +181,8 @@ function applyFix(fix: string, fx: Fixture): void {
 }
 
 let ids: Ids = { ac: -1, acGroup: -1, renew: -1 };
-let fwd: ForwarderProc | undefined;
-let proxy: CliProxyProc | undefined;
+let fwd: ProxyProc | undefined;
+let proxy: ProxyProc | undefined;
 let healthy: Fixture | undefined;
 
 function baseArgs(fx: Fixture, extra: string[] = []): string[] {
@@ -202,9 +203,9 @@ test('setup: users from units/sysusers.d, a healthy fixture, a running forwarder
   tt.ok(ids.renew > 0, `agent-connectors-renew exists (gid ${ids.renew})`);
   healthy = buildFixture(ids);
   // Started on the root tap object: they serve every subtest below.
-  fwd = await startForwarder(t, { stateDir: healthy.stateDir });
+  fwd = await startProxy(t, 'forwarder', { stateDir: healthy.stateDir });
   await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  proxy = await startCliProxy(t, { stateDir: healthy.stateDir });
+  proxy = await startProxy(t, 'cli-proxy', { stateDir: healthy.stateDir });
   await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1);
   tt.ok(fwd.port > 0 && proxy.port > 0, 'both listening');
 });

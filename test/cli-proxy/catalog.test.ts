@@ -1,0 +1,91 @@
+import t from 'tap';
+import { parseCatalog, type Catalog } from '../../src/data/catalog.js';
+import type { TapTest } from '../support/tap.js';
+
+const TOKEN_FILE = '/var/lib/agent-connectors/cli-proxy/notion.token';
+
+function provider(extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { upstream: 'https://api.notion.com/v1', tokenFile: TOKEN_FILE, inject: { type: 'header', name: 'X-Api-Key', value: 'Key {token}' }, ...extra };
+}
+
+function parse(value: unknown): ReturnType<typeof parseCatalog> {
+  return parseCatalog(JSON.stringify(value));
+}
+
+function rejected(t: TapTest, value: unknown, what: string): void {
+  const r = parse(value);
+  t.notOk(r.ok, `${what}: rejected`);
+}
+
+t.test('a full catalog parses, with defaults filled in', async (t) => {
+  const r = parse({
+    notion: provider({ commands: [{ name: 'ntn', env: { NOTION_API_BASE: '{baseUrl}', NOTION_TOKEN: '{placeholder}' } }] }),
+    grafana: { upstream: 'http://127.0.0.1:3000/api', tokenFile: TOKEN_FILE, inject: { type: 'basic', username: 'admin' } },
+    maps: { upstream: 'https://maps.example.com', tokenFile: TOKEN_FILE, inject: { type: 'query', name: 'key' }, commands: [{ name: 'maps' }] },
+  });
+  if (!r.ok) return t.fail(r.error);
+  const c: Catalog = r.value;
+  t.same(c.notion?.commands, [{ name: 'ntn', env: { NOTION_API_BASE: '{baseUrl}', NOTION_TOKEN: '{placeholder}' } }]);
+  t.same(c.grafana?.inject, { type: 'basic', username: 'admin', password: '{token}' }, 'basic password defaults to the token');
+  t.same(c.grafana?.commands, [], 'commands default to none');
+  t.same(c.maps?.commands, [{ name: 'maps', env: {} }], 'env defaults to empty');
+  t.same(parse({}), { ok: true, value: {} }, 'an empty catalog is valid');
+});
+
+t.test('a command name declared by two providers is refused, naming it', async (t) => {
+  const r = parse({ a: provider({ commands: [{ name: 'tool' }] }), b: provider({ commands: [{ name: 'other' }, { name: 'tool' }] }) });
+  t.same(r, { ok: false, error: 'schema: command "tool" is declared by two providers' });
+});
+
+t.test('reserved (connection) headers are never an injection target, whatever their case', async (t) => {
+  for (const name of ['Host', 'connection', 'Content-Length', 'transfer-encoding', 'TE', 'trailer', 'upgrade', 'keep-alive']) {
+    rejected(t, { p: provider({ inject: { type: 'header', name, value: '{token}' } }) }, `header ${name}`);
+  }
+  t.ok(parse({ p: provider({ inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' } }) }).ok, 'Authorization is a valid target');
+});
+
+t.test('path-like names are refused: provider, command, env', async (t) => {
+  for (const name of ['../etc', 'a/b', '..\\x', '', 'a b']) {
+    rejected(t, { [name]: provider() }, `provider ${JSON.stringify(name)}`);
+    rejected(t, { p: provider({ commands: [{ name }] }) }, `command ${JSON.stringify(name)}`);
+  }
+  rejected(t, { p: provider({ commands: [{ name: 'x', env: { '../X': 'v' } }] }) }, 'env name with a path');
+  rejected(t, { p: provider({ commands: [{ name: 'x', env: { '1X': 'v' } }] }) }, 'env name starting with a digit');
+});
+
+t.test('"." and ".." as provider or command names', { todo: 'product bug: the name patterns admit them (see report)' }, async (t) => {
+  // A shim named ".." would be written to join(shimDir, ".."); a provider ".." makes /p/../ a route.
+  for (const name of ['.', '..']) {
+    rejected(t, { [name]: provider() }, `provider ${name}`);
+    rejected(t, { p: provider({ commands: [{ name }] }) }, `command ${name}`);
+  }
+});
+
+t.test('upstreams: https anywhere, http only to loopback, no credentials, no other scheme', async (t) => {
+  for (const upstream of ['https://api.example.com', 'http://127.0.0.1:8080/x', 'http://localhost/x', 'http://[::1]:9/x']) {
+    t.ok(parse({ p: provider({ upstream }) }).ok, `${upstream}: accepted`);
+  }
+  for (const upstream of ['http://api.example.com/v1', 'http://10.0.0.1/x', 'ftp://127.0.0.1/x', 'https://user:pw@api.example.com', 'not a url', '/relative']) {
+    rejected(t, { p: provider({ upstream }) }, upstream);
+  }
+});
+
+t.test('inject templates must carry {token}; token files must be absolute; unknown fields refused', async (t) => {
+  rejected(t, { p: provider({ inject: { type: 'header', name: 'X-Key', value: 'static' } }) }, 'header template without {token}');
+  rejected(t, { p: provider({ inject: { type: 'basic', username: 'u', password: 'p' } }) }, 'basic without {token}');
+  rejected(t, { p: provider({ inject: { type: 'query', name: 'a&b' } }) }, 'query name with &');
+  rejected(t, { p: provider({ inject: { type: 'cookie', name: 'x' } }) }, 'unknown inject type');
+  rejected(t, { p: provider({ tokenFile: 'notion.token' }) }, 'relative token file');
+  rejected(t, { p: provider({ extra: 1 }) }, 'unknown provider field');
+  rejected(t, { p: provider({ inject: { type: 'query', name: 'k', value: '{token}' } }) }, 'unknown inject field');
+});
+
+t.test('errors never quote the file', async (t) => {
+  const canary = 'canaryCATALOG4417';
+  for (const text of [`{"p": {"upstream": "${canary}`, JSON.stringify({ p: provider({ upstream: `http://evil.example/${canary}` }) }), JSON.stringify({ [`bad name ${canary}`]: provider() })]) {
+    const r = parseCatalog(text);
+    t.notOk(r.ok);
+    if (!r.ok) t.notMatch(r.error, canary);
+  }
+  t.same(parseCatalog('{'), { ok: false, error: 'invalid JSON' });
+});

@@ -1,0 +1,157 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { chmodSync, renameSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import type { TapTest } from './tap.js';
+
+/** Tests run compiled from build/test/support, three levels below the repository. */
+export const REPO_ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
+export const CLI = join(REPO_ROOT, 'dist/cli.js');
+/** The workplace's fake NOTIFY_SOCKET receiver; CI has a read-only copy of ../shared beside the repo. */
+export const NOTIFY_RECV = process.env.NOTIFY_RECV_PY ?? resolve(REPO_ROOT, '../shared/systemd-lab/notify-recv.py');
+
+export interface LogLine {
+  msg?: string;
+  level?: string;
+  [k: string]: unknown;
+}
+
+/** Every token any test wrote, so every log line and response can be searched for them. */
+export const knownSecrets = new Set<string>();
+
+/** Writes a token file the way renewal would (0600), and remembers the secret. */
+export function writeToken(path: string, token: string, raw = false): void {
+  if (token.trim()) knownSecrets.add(token.trim());
+  writeFileSync(path, raw ? token : `${token}\n`, { mode: 0o600 });
+  chmodSync(path, 0o600);
+}
+
+/**
+ * Writes a JSON config (registry, catalog; a string is written as is) the way an
+ * operator's tooling would: temp file, then rename into place, which the watcher must see.
+ */
+export function writeJsonAtomic(path: string, value: unknown): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  writeFileSync(tmp, typeof value === 'string' ? value : JSON.stringify(value, null, 2), { mode: 0o600 });
+  renameSync(tmp, path);
+}
+
+export type Exit = { code: number | null; signal: NodeJS.Signals | null };
+
+/** A running CLI process whose pino stdout is collected line by line. */
+export class CliProc {
+  readonly lines: string[] = [];
+  readonly logs: LogLine[] = [];
+  readonly stderr: string[] = [];
+  private waiters: Array<() => void> = [];
+  readonly exited: Promise<Exit>;
+
+  constructor(readonly child: ChildProcess) {
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      this.lines.push(line);
+      try {
+        this.logs.push(JSON.parse(line) as LogLine);
+      } catch {
+        this.logs.push({ msg: line });
+      }
+      this.wake();
+    });
+    createInterface({ input: child.stderr! }).on('line', (line) => {
+      this.lines.push(line);
+      this.stderr.push(line);
+      this.wake();
+    });
+    this.exited = new Promise((r) => child.once('exit', (code, signal) => r({ code, signal })));
+  }
+
+  /** Waits for a log line matching `pred`, looking first at the lines from index `from` on. */
+  async waitForLog(pred: (l: LogLine) => boolean, timeoutMs = 10_000, from = 0): Promise<LogLine> {
+    const deadline = Date.now() + timeoutMs;
+    let idx = from;
+    for (;;) {
+      for (; idx < this.logs.length; idx++) {
+        const l = this.logs[idx] as LogLine;
+        if (pred(l)) return l;
+      }
+      await this.nextLine(deadline);
+    }
+  }
+
+  /** Waits for a stderr line matching `re` (the human output of `dev`, usage errors). */
+  async waitForStderr(re: RegExp, timeoutMs = 10_000): Promise<RegExpExecArray> {
+    const deadline = Date.now() + timeoutMs;
+    let idx = 0;
+    for (;;) {
+      for (; idx < this.stderr.length; idx++) {
+        const m = re.exec(this.stderr[idx] as string);
+        if (m) return m;
+      }
+      await this.nextLine(deadline);
+    }
+  }
+
+  /** Log lines from index `from` on (for "what did this request log"). */
+  since(from: number): LogLine[] {
+    return this.logs.slice(from);
+  }
+
+  async stop(signal: NodeJS.Signals = 'SIGTERM'): Promise<Exit> {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill(signal);
+    return this.exited;
+  }
+
+  private async nextLine(deadline: number): Promise<void> {
+    const left = deadline - Date.now();
+    if (left <= 0) throw new Error(`timed out waiting for a line; saw:\n${this.lines.slice(-20).join('\n')}`);
+    await new Promise<void>((r) => {
+      const timer = setTimeout(r, left);
+      this.waiters.push(() => {
+        clearTimeout(timer);
+        r();
+      });
+    });
+  }
+
+  private wake(): void {
+    for (const w of this.waiters.splice(0)) w();
+  }
+}
+
+/** Waits for a log line printed at or after index `mark` of `proc.logs`. */
+export function waitForLogAfter(proc: CliProc, mark: number, pred: (l: LogLine) => boolean, timeoutMs = 10_000): Promise<LogLine> {
+  return proc.waitForLog(pred, timeoutMs, mark);
+}
+
+/** Every process started here; the leak check greps their output at the end. */
+export const allProcs: CliProc[] = [];
+
+/** Starts the built CLI (not under systemd: NOTIFY_SOCKET cleared unless `env` sets it). */
+export function startCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: { ...process.env, NOTIFY_SOCKET: '', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const proc = new CliProc(child);
+  allProcs.push(proc);
+  return proc;
+}
+
+/** The known secrets that `text` contains. */
+export function leakedSecrets(text: string): string[] {
+  return [...knownSecrets].filter((s) => text.includes(s));
+}
+
+/**
+ * Registers the last subtest of a file: every line every process of this file printed
+ * (stdout and stderr, all levels) is searched for every token the file wrote.
+ */
+export function checkNoLeaks(t: TapTest): void {
+  t.test('no token appears in any log line of this file', async (tt) => {
+    await Promise.all(allProcs.map((p) => p.stop('SIGTERM')));
+    tt.ok(knownSecrets.size > 0, 'the file wrote tokens to look for');
+    tt.ok(allProcs.length > 0, 'the file ran processes');
+    const all = allProcs.flatMap((p) => p.lines).join('\n');
+    tt.same(leakedSecrets(all), [], 'no known token in any line');
+  });
+}
