@@ -7,10 +7,11 @@ import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
  * token may go and which CLIs use it. Read by the cli-proxy, renewal, shims and doctor.
  */
 
-export const PROVIDER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
+/** `.` and `..` match the alphabet but name no file and no route segment: refused. */
+export const PROVIDER_NAME = /^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,64}$/;
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$/;
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
-const COMMAND_NAME = /^[A-Za-z0-9._+-]{1,64}$/;
+const COMMAND_NAME = /^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,64}$/;
 
 /** Headers that are never an injection target: they belong to the connection, not the API. */
 const RESERVED_HEADERS = new Set(['host', 'connection', 'content-length', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'keep-alive']);
@@ -35,7 +36,7 @@ export const injectSchema = z.discriminatedUnion('type', [
 ]);
 
 export const commandSchema = z.strictObject({
-  name: z.string().regex(COMMAND_NAME, 'command name must match [A-Za-z0-9._+-]{1,64}'),
+  name: z.string().regex(COMMAND_NAME, 'command name must match [A-Za-z0-9._+-]{1,64} and not be . or ..'),
   env: z.record(z.string().regex(ENV_NAME, 'not a valid environment variable name'), z.string().max(4096)).default({}),
 });
 
@@ -46,7 +47,7 @@ export const providerSchema = z.strictObject({
   commands: z.array(commandSchema).default([]),
 });
 
-export const catalogSchema = z.record(z.string().regex(PROVIDER_NAME, 'provider name must match [A-Za-z0-9_.-]{1,64}'), providerSchema);
+export const catalogSchema = z.record(z.string().regex(PROVIDER_NAME, 'provider name must match [A-Za-z0-9_.-]{1,64} and not be . or ..'), providerSchema);
 
 export type Inject = z.infer<typeof injectSchema>;
 export type Provider = z.infer<typeof providerSchema>;
