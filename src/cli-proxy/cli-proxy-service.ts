@@ -1,8 +1,6 @@
 import type { UpstreamOptions } from '../http/dispatch.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
-import type { Logger } from '../log/logger.js';
-import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from './catalog.js';
 import { createCliProxyHandler } from './handler.js';
@@ -17,7 +15,7 @@ export interface CliProxyConfig {
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
-export function createCliProxyService(deps: { config: CliProxyConfig; log: Logger; notifier: Notifier; onListening?: (port: number) => void }): Service {
+export function createCliProxyService(deps: { config: CliProxyConfig; onListening?: (port: number) => void }): Service {
   const { config } = deps;
   return createLoopbackService<Catalog>({
     name: 'cli-proxy',
@@ -26,8 +24,6 @@ export function createCliProxyService(deps: { config: CliProxyConfig; log: Logge
     shutdownGraceMs: config.shutdownGraceMs,
     config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
     handler: (d) => createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit }),
-    log: deps.log,
-    notifier: deps.notifier,
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
   });

@@ -1,6 +1,6 @@
 import { join, resolve } from 'node:path';
 import { type Command } from 'commander';
-import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, resolveStateDir } from '../config/state-dir.js';
+import { defaultHandoffDir, defaultInstancesPath, defaultProvidersPath, forwarderDir, resolveStateDir } from '../config/state-dir.js';
 import { ConfigError } from '../errors.js';
 import { upstreamUrlSchema } from '../registry/schema.js';
 import { createApplyService } from '../renew/apply-service.js';
@@ -10,6 +10,11 @@ import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+
+/** Where apply writes token files unless a binding or the catalog names another path. */
+export function defaultTokenDirs(stateDir: string): string[] {
+  return [forwarderDir(stateDir), join(stateDir, 'cli-proxy')];
+}
 
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
@@ -38,20 +43,16 @@ export function registerRenewCommands(program: Command): void {
           : undefined;
       if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
       const service = createFetchService({
-        config: {
-          ...defaultFetchConfig,
-          gatewayUrl,
-          credentialPath,
-          handoffDir: resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir)),
-          privateDir: join(stateDir, 'renew-fetch'),
-          once: Boolean(opts.once),
-          onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
-          backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
-        },
-        log,
-        notifier: createNotifier({ log }),
+        ...defaultFetchConfig,
+        gatewayUrl,
+        credentialPath,
+        handoffDir: resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir)),
+        privateDir: join(stateDir, 'renew-fetch'),
+        once: Boolean(opts.once),
+        onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
+        backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
       });
-      process.exitCode = await runServices([service], log);
+      await runServices([service], { log, notifier: createNotifier({ log }) });
     });
 
   renew
@@ -72,15 +73,12 @@ export function registerRenewCommands(program: Command): void {
         providersPath: opts.providers ? resolve(opts.providers as string) : defaultProvidersPath(stateDir),
       };
       const service = createApplyService({
-        config: { watch: Boolean(opts.watch), rescanMs: 30_000 },
-        apply: {
-          paths: handoffPaths(resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir))),
-          tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
-          log,
-        },
-        log,
-        notifier: createNotifier({ log }),
+        watch: Boolean(opts.watch),
+        rescanMs: 30_000,
+        paths: handoffPaths(resolve((opts.handoff as string | undefined) ?? defaultHandoffDir(stateDir))),
+        tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
+        tokenDirs: defaultTokenDirs(stateDir),
       });
-      process.exitCode = await runServices([service], log);
+      await runServices([service], { log, notifier: createNotifier({ log }) });
     });
 }
