@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
-import { lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { processAlive } from './process-alive.js';
 
@@ -121,10 +121,17 @@ const WRITE_PROBLEMS: Record<string, string> = {
  * (created if missing, with `mode`) by creating and removing a temp file the way it would,
  * so a service that cannot write its files fails at once with a clear message instead of
  * at the first renewal. The probe is named like a temp file: a crash leaves it sweepable.
+ * `probe: false` asks the kernel instead (access(2): modes, read-only mounts) for a
+ * directory where any write is an event: a probe in the hand-off inbox would start
+ * apply's `.path` unit, and apply's own probe would start it again, for ever.
  */
-export async function checkWritableDir(dir: string, what: string, mode?: number): Promise<void> {
+export async function checkWritableDir(dir: string, what: string, options: { mode?: number; probe?: boolean } = {}): Promise<void> {
   try {
-    await mkdir(dir, { recursive: true, ...(mode === undefined ? {} : { mode }) });
+    await mkdir(dir, { recursive: true, ...(options.mode === undefined ? {} : { mode: options.mode }) });
+    if (options.probe === false) {
+      await access(dir, constants.W_OK | constants.X_OK);
+      return;
+    }
     const probe = join(dir, `.write-check.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
     const fh = await open(probe, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     await fh.close();

@@ -26,9 +26,9 @@ export function createApplyService(config: ApplyConfig): Service {
     async run({ signal, log, notifier, onReload }) {
       const { paths } = config;
       await checkWritableDir(paths.root, 'the hand-off directory');
-      await checkWritableDir(paths.inbox, 'the hand-off inbox');
+      await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
       await checkWritableDir(paths.slots, 'the hand-off slot files');
-      for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', 0o700);
+      for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
       const deps: ApplyDeps = { paths, tokenFilesFor: config.tokenFilesFor, log, signal };
       const applyAll = async (): Promise<void> => {
         try {

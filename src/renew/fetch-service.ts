@@ -72,8 +72,8 @@ export function createFetchService(config: FetchConfig): Service {
     async run({ signal, log, notifier, onReload }) {
       const paths = handoffPaths(config.handoffDir);
       const state = new FetchState(join(config.privateDir, 'slots'));
-      await checkWritableDir(paths.inbox, 'the hand-off inbox');
-      await checkWritableDir(state.dir, "fetch's private state", 0o700);
+      await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
+      await checkWritableDir(state.dir, "fetch's private state", { mode: 0o700 });
       // A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
       // token); apply ignores dot files, so fetch, their only writer, sweeps its own.
       for (const dir of [paths.inbox, state.dir]) {

@@ -63,6 +63,9 @@ export async function runServices(services: readonly Service[], options: RunOpti
   let failure: ServiceFailedError | undefined;
 
   const stop = (sig: NodeJS.Signals): void => {
+    // Once: a second SIGTERM/Ctrl-C gets the default action, killing a stop that hangs.
+    signals.off('SIGTERM', stop);
+    signals.off('SIGINT', stop);
     if (controller.signal.aborted) return;
     log.info({ signal: sig }, 'stopping');
     controller.abort();

@@ -53,9 +53,11 @@ t.test('sweepStaleTemps with a target sweeps that file\'s temps only', async (t)
 t.test('checkWritableDir creates a missing directory and leaves no probe behind', async (t) => {
   const d = dir();
   const target = join(d, 'inbox');
-  await checkWritableDir(target, 'the hand-off inbox', 0o700);
+  await checkWritableDir(target, 'the hand-off inbox', { mode: 0o700 });
   t.ok(existsSync(target), 'created');
   t.strictSame(readdirSync(target), [], 'no probe file left');
+  await checkWritableDir(join(d, 'quiet'), 'the hand-off inbox', { probe: false });
+  t.ok(existsSync(join(d, 'quiet')), 'without a probe: created too');
 });
 
 t.test('checkWritableDir names what and where when it cannot write', async (t) => {
@@ -72,4 +74,5 @@ t.test('checkWritableDir names what and where when it cannot write', async (t) =
   await checkWritableDir(ro, 'x');
   chmodSync(ro, 0o500);
   await t.rejects(checkWritableDir(ro, "fetch's private state"), /cannot write fetch's private state in .*\/ro: permission denied/);
+  await t.rejects(checkWritableDir(ro, 'the hand-off inbox', { probe: false }), /cannot write the hand-off inbox in .*\/ro: permission denied/, 'without a probe too');
 });

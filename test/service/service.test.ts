@@ -33,6 +33,7 @@ t.test('SIGTERM stops every service; each got its own logger and the shared noti
   seen.get('a')?.log.info('hello from a');
   t.equal(seen.get('b')?.notifier, quiet);
   signals.emit('SIGTERM', 'SIGTERM');
+  t.equal(signals.listenerCount('SIGTERM') + signals.listenerCount('SIGINT'), 0, 'a second SIGTERM/Ctrl-C is left to its default action (kills a hung stop)');
   await run;
   t.strictSame(stopped.sort(), ['a', 'b']);
   t.equal(records.find((r) => r.msg === 'hello from a')?.part, 'a', 'the logger is bound to the service');
