@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import type { RenewAuthority } from '../src/renew/authority.js';
+import type { RenewAuthority } from '../src/gateway-standin/authority.js';
 import { CLI, tempDir } from './helpers/forwarder-proc.js';
 import {
   CLI_PROXY_PORT,

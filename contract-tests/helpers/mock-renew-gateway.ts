@@ -1,8 +1,8 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/renew/authority.js';
-import { parseRenewHttp, sendRenewResult } from '../../src/renew/gateway-http.js';
+import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/gateway-standin/authority.js';
+import { parseRenewHttp, sendRenewResult } from '../../src/gateway-standin/gateway-http.js';
 
 /**
  * The cloud Gateway's renewal endpoint for tests (not our code, so a mock is fair, but a

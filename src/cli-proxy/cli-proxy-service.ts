@@ -1,8 +1,6 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
-import type { Logger } from '../log/logger.js';
-import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
 import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
@@ -20,7 +18,7 @@ export interface CliProxyConfig {
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
-export function createCliProxyService(deps: { config: CliProxyConfig; log: Logger; notifier: Notifier; onListening?: (port: number) => void }): Service {
+export function createCliProxyService(deps: { config: CliProxyConfig; onListening?: (port: number) => void }): Service {
   const { config } = deps;
   return createLoopbackService<Catalog>({
     name: 'cli-proxy',
@@ -30,8 +28,6 @@ export function createCliProxyService(deps: { config: CliProxyConfig; log: Logge
     config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
     handler: (d) =>
       createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
-    log: deps.log,
-    notifier: deps.notifier,
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
   });

@@ -46,10 +46,8 @@ export function registerCliProxyCommands(program: Command): void {
     const providersPath = layoutFrom(opts).providers;
     const service = createCliProxyService({
       config: { ...serverOptions(opts), providersPath },
-      log,
-      notifier: createNotifier({ log }),
     });
-    process.exitCode = await runServices([service], log);
+    await runServices([service], { log, notifier: createNotifier({ log }) });
   });
 
   const shims = program.command('shims').description('PATH shims that point shell CLIs at the cli-proxy');

@@ -3,7 +3,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
 import { stateLayout } from '../data/state-layout.js';
-import { DemoGateway } from '../dev/demo-gateway.js';
+import { DemoGateway } from '../gateway-standin/demo-gateway.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 import { defaultUpstreamOptions } from '../http/upstream-agent.js';
@@ -11,7 +11,7 @@ import { parseListen } from '../http/loopback.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
 import { updateInstances } from '../data/registry.js';
 import { createApplyService } from '../renew/apply-service.js';
-import { RenewAuthority } from '../renew/authority.js';
+import { RenewAuthority } from '../gateway-standin/authority.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { writeSlotFile } from '../renew/apply.js';
 import { emptySlotFile, handoffPaths } from '../renew/handoff.js';
@@ -28,6 +28,7 @@ import { runServices, type Service } from '../service/service.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
 import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+import { defaultTokenDirs } from './renew-commands.js';
 
 const DEMO_INSTANCE = 'demo';
 const DEMO_PROVIDER = 'demo';
@@ -102,103 +103,103 @@ export function registerDevCommand(program: Command): void {
       const authority = new RenewAuthority({ credential, tokenLifetimeMs: lifetimeMs, slots: [slot, demoCliSlot], tokenPrefix: 'demo_' });
       const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority);
       await gateway.listen(0);
+      // Whatever fails from here on (a port in use included), the demo Gateway must not
+      // keep the process alive.
+      try {
 
-      const instancesPath = layout.instances;
-      const tokenFile = layout.instanceToken(DEMO_INSTANCE);
-      const bindingId = await ensureDemoBinding(instancesPath, gateway.mcpUrl, tokenFile);
-      const paths = handoffPaths(layout.handoff);
-      // The demo Gateway is new each run: what an earlier run applied or fetched means
-      // nothing to it, so start the slot and fetch's private state afresh.
-      await rm(layout.fetchPrivate, { recursive: true, force: true });
-      await writeSlotFile(paths, emptySlotFile(slot));
-      await writeSlotFile(paths, emptySlotFile(demoCliSlot));
-      const providersPath = layout.providers;
-      const catalog = demoCatalog(gateway.baseUrl, layout.providerToken(DEMO_PROVIDER));
-      await mkdir(layout.cliProxyDir, { recursive: true, mode: 0o700 });
-      await atomicWrite(providersPath, `${JSON.stringify(catalog, null, 2)}\n`, { mode: 0o600 });
-      const demoBin = await installDemoCli(stateDir);
-      log.info({ gateway: gateway.baseUrl, tokenLifetimeS: lifetimeMs / 1000 }, 'demo gateway up');
+        const instancesPath = layout.instances;
+        const tokenFile = layout.instanceToken(DEMO_INSTANCE);
+        const bindingId = await ensureDemoBinding(instancesPath, gateway.mcpUrl, tokenFile);
+        const paths = handoffPaths(layout.handoff);
+        // The demo Gateway is new each run: what an earlier run applied or fetched means
+        // nothing to it, so start the slot and fetch's private state afresh.
+        await rm(layout.fetchPrivate, { recursive: true, force: true });
+        await writeSlotFile(paths, emptySlotFile(slot));
+        await writeSlotFile(paths, emptySlotFile(demoCliSlot));
+        const providersPath = layout.providers;
+        const catalog = demoCatalog(gateway.baseUrl, layout.providerToken(DEMO_PROVIDER));
+        await mkdir(layout.cliProxyDir, { recursive: true, mode: 0o700 });
+        await atomicWrite(providersPath, `${JSON.stringify(catalog, null, 2)}\n`, { mode: 0o600 });
+        const demoBin = await installDemoCli(stateDir);
+        log.info({ gateway: gateway.baseUrl, tokenLifetimeS: lifetimeMs / 1000 }, 'demo gateway up');
 
-      const quiet = createNotifier({ log, env: {} });
-      const fetch = createFetchService({
-        config: {
+        const fetch = createFetchService({
           ...defaultFetchConfig,
           gatewayUrl: gateway.baseUrl,
           credentialPath,
           handoffDir: paths.root,
           privateDir: layout.fetchPrivate,
-        },
-        log: log.child({ part: 'renew-fetch' }),
-        notifier: quiet,
-      });
-      const targets = { stateDir, instancesPath, providersPath };
-      const apply = createApplyService({
-        config: { watch: true, rescanMs: 30_000 },
-        apply: { paths, tokenFilesFor: (s) => tokenFilesFor(s, targets), log: log.child({ part: 'renew-apply' }) },
-        log: log.child({ part: 'renew-apply' }),
-        notifier: quiet,
-      });
-      let cliPortKnown!: (port: number) => void;
-      const cliPort = new Promise<number>((resolvePort) => (cliPortKnown = resolvePort));
-      const cliProxy = createCliProxyService({
-        config: {
-          listen: cliListen,
-          providersPath,
-          bodyLimit: DEFAULT_CLI_BODY_LIMIT,
-          upstream: defaultUpstreamOptions,
-          shutdownGraceMs: 2_000,
-        },
-        log: log.child({ part: 'cli-proxy' }),
-        notifier: quiet,
-        onListening: (port) => cliPortKnown(port),
-      });
-      const shimDir = layout.shims;
-      const forwarder = createForwarderService({
-        config: {
-          listen,
-          instancesPath,
-          bodyLimit: DEFAULT_BODY_LIMIT,
-          upstream: defaultUpstreamOptions,
-          shutdownGraceMs: 2_000,
-        },
-        log: log.child({ part: 'forwarder' }),
-        notifier: quiet,
-        onListening: async (port) => {
-          const base = `http://${hostForUrl(listen.host)}:${port}`;
-          await installShims(catalog, shimDir, `http://${hostForUrl(cliListen.host)}:${await cliPort}`);
-          const url = mcpUrl(base, bindingId);
-          const lines = [
-            '',
-            'agent-connectors dev is running.',
-            `  state:     ${stateDir}`,
-            `  MCP URL:   ${url}`,
-            `  health:    ${base}/healthz`,
-            `  renewal:   tokens live ${lifetimeMs / 1000} s; watch the "renewed" and "token applied" log lines`,
-            '',
-            'Point an agent at it:',
-            ...AGENTS.map((a) => `  ${mcpAddCommand(a, 'connectors', url)}`),
-            '',
-            'Demo tools: echo, add, whoami (shows the token id in use), count (streams progress over SSE).',
-            '',
-            'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
-            `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
-            `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
-            'Give an agent the shim directory:',
-            ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
-            'Ctrl-C stops.',
-            '',
-          ];
-          process.stderr.write(lines.join('\n'));
-        },
-      });
+        });
+        const targets = { stateDir, instancesPath, providersPath };
+        const apply = createApplyService({
+          watch: true,
+          rescanMs: 30_000,
+          paths,
+          tokenFilesFor: (s) => tokenFilesFor(s, targets),
+          tokenDirs: defaultTokenDirs(stateDir),
+        });
+        let cliPortKnown!: (port: number) => void;
+        const cliPort = new Promise<number>((resolvePort) => (cliPortKnown = resolvePort));
+        const cliProxy = createCliProxyService({
+          config: {
+            listen: cliListen,
+            providersPath,
+            bodyLimit: DEFAULT_CLI_BODY_LIMIT,
+            upstream: defaultUpstreamOptions,
+            shutdownGraceMs: 2_000,
+          },
+          onListening: (port) => cliPortKnown(port),
+        });
+        const shimDir = layout.shims;
+        const forwarder = createForwarderService({
+          config: {
+            listen,
+            instancesPath,
+            bodyLimit: DEFAULT_BODY_LIMIT,
+            upstream: defaultUpstreamOptions,
+            shutdownGraceMs: 2_000,
+          },
+          onListening: async (port) => {
+            const base = `http://${hostForUrl(listen.host)}:${port}`;
+            await installShims(catalog, shimDir, `http://${hostForUrl(cliListen.host)}:${await cliPort}`);
+            const url = mcpUrl(base, bindingId);
+            const lines = [
+              '',
+              'agent-connectors dev is running.',
+              `  state:     ${stateDir}`,
+              `  MCP URL:   ${url}`,
+              `  health:    ${base}/healthz`,
+              `  renewal:   tokens live ${lifetimeMs / 1000} s; watch the "renewed" and "token applied" log lines`,
+              '',
+              'Point an agent at it:',
+              ...AGENTS.map((a) => `  ${mcpAddCommand(a, 'connectors', url)}`),
+              '',
+              'Demo tools: echo, add, whoami (shows the token id in use), count (streams progress over SSE).',
+              '',
+              'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
+              `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
+              `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
+              'Give an agent the shim directory:',
+              ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
+              'Ctrl-C stops.',
+              '',
+            ];
+            process.stderr.write(lines.join('\n'));
+          },
+        });
 
-      const gatewayService: Service = {
-        name: 'demo-gateway',
-        async run(signal) {
-          await new Promise<void>((r) => signal.addEventListener('abort', () => r(), { once: true }));
-          await gateway.close();
-        },
-      };
-      process.exitCode = await runServices([gatewayService, apply, fetch, cliProxy, forwarder], log);
+        // Closed as soon as the stop begins, so upstream streams through the forwarder end too.
+        const gatewayService: Service = {
+          name: 'demo-gateway',
+          async run({ signal }) {
+            await new Promise<void>((r) => (signal.aborted ? r() : signal.addEventListener('abort', () => r(), { once: true })));
+            await gateway.close();
+          },
+        };
+        // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
+        await runServices([gatewayService, apply, fetch, cliProxy, forwarder], { log, notifier: createNotifier({ log, env: {} }) });
+      } finally {
+        await gateway.close();
+      }
     });
 }

@@ -38,10 +38,8 @@ export function registerForwarderCommands(program: Command): void {
     const log = loggerFrom(opts);
     const service = createForwarderService({
       config: { ...serverOptions(opts), instancesPath: layoutFrom(opts).instances },
-      log,
-      notifier: createNotifier({ log }),
     });
-    process.exitCode = await runServices([service], log);
+    await runServices([service], { log, notifier: createNotifier({ log }) });
   });
 
   program

@@ -2,6 +2,7 @@ import { join, resolve } from 'node:path';
 import { type Command } from 'commander';
 import { ConfigError } from '../errors.js';
 import { upstreamUrlSchema } from '../data/fields.js';
+import { stateLayout } from '../data/state-layout.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { handoffPaths } from '../renew/handoff.js';
@@ -9,6 +10,12 @@ import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { layoutFrom, logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+
+/** Where apply writes token files unless a binding or the catalog names another path. */
+export function defaultTokenDirs(stateDir: string): string[] {
+  const layout = stateLayout(stateDir);
+  return [layout.forwarderDir, layout.cliProxyDir];
+}
 
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
@@ -37,20 +44,16 @@ export function registerRenewCommands(program: Command): void {
           : undefined;
       if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
       const service = createFetchService({
-        config: {
-          ...defaultFetchConfig,
-          gatewayUrl,
-          credentialPath,
-          handoffDir: layout.handoff,
-          privateDir: layout.fetchPrivate,
-          once: Boolean(opts.once),
-          onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
-          backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
-        },
-        log,
-        notifier: createNotifier({ log }),
+        ...defaultFetchConfig,
+        gatewayUrl,
+        credentialPath,
+        handoffDir: layout.handoff,
+        privateDir: layout.fetchPrivate,
+        once: Boolean(opts.once),
+        onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
+        backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
       });
-      process.exitCode = await runServices([service], log);
+      await runServices([service], { log, notifier: createNotifier({ log }) });
     });
 
   renew
@@ -67,15 +70,12 @@ export function registerRenewCommands(program: Command): void {
       const layout = layoutFrom(opts);
       const targets = { stateDir: layout.root, instancesPath: layout.instances, providersPath: layout.providers };
       const service = createApplyService({
-        config: { watch: Boolean(opts.watch), rescanMs: 30_000 },
-        apply: {
-          paths: handoffPaths(layout.handoff),
-          tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
-          log,
-        },
-        log,
-        notifier: createNotifier({ log }),
+        watch: Boolean(opts.watch),
+        rescanMs: 30_000,
+        paths: handoffPaths(layout.handoff),
+        tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
+        tokenDirs: defaultTokenDirs(layout.root),
       });
-      process.exitCode = await runServices([service], log);
+      await runServices([service], { log, notifier: createNotifier({ log }) });
     });
 }

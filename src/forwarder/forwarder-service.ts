@@ -1,9 +1,7 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
-import type { Logger } from '../log/logger.js';
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
-import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
 import { createForwarderHandler } from './handler.js';
@@ -21,8 +19,6 @@ export interface ForwarderConfig {
 
 export interface ForwarderDepsIn {
   config: ForwarderConfig;
-  log: Logger;
-  notifier: Notifier;
   /** Called once listening, with the bound port (tests and `dev` use port 0). */
   onListening?: (port: number) => void;
 }
@@ -38,8 +34,6 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     config: { path: config.instancesPath, parse: parseInstancesFile, empty: {}, label: 'registry', countField: 'instances', noun: 'instance' },
     handler: (d) =>
       createForwarderHandler({ ...d, registry: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
-    log: deps.log,
-    notifier: deps.notifier,
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
   });

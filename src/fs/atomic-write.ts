@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
-import { lstat, open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { processAlive } from './process-alive.js';
 
@@ -84,20 +84,60 @@ export async function fsyncDir(dir: string): Promise<void> {
   }
 }
 
+/** `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. */
+const TEMP_NAME = /^\.(.+)\.(\d+)\.[0-9a-f]{12}\.tmp$/;
+
 /**
- * Removes temp files a killed writer left next to `path` (`.<name>.<pid>.<hex>.tmp`, never
- * renamed into place, possibly holding part of a secret) whose writer is gone.
+ * Removes the temp files killed writers left in `dir` (never renamed into place, possibly
+ * holding part of a secret), only those whose writer is gone: a live writer's temp is
+ * about to be renamed. With `target`, only the temps of that one file name. The one sweep
+ * for every writer: fetch (inbox/, its private state) and apply (token files' directories).
+ * Returns the names removed, for the log.
  */
-export async function sweepStaleTemps(path: string): Promise<number> {
-  const dir = dirname(path);
-  const prefix = `.${basename(path)}.`;
-  let removed = 0;
+export async function sweepStaleTemps(dir: string, options: { target?: string } = {}): Promise<string[]> {
+  const removed: string[] = [];
   for (const name of await readdir(dir).catch(() => [] as string[])) {
-    if (!name.startsWith(prefix) || !name.endsWith('.tmp')) continue;
-    const pid = Number(name.slice(prefix.length).split('.')[0]);
-    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || processAlive(pid)) continue;
+    const m = TEMP_NAME.exec(name);
+    if (!m || (options.target !== undefined && m[1] !== options.target)) continue;
+    const pid = Number(m[2]);
+    if (!Number.isSafeInteger(pid) || pid <= 0 || pid === process.pid || processAlive(pid)) continue;
     await unlink(join(dir, name)).catch(() => undefined);
-    removed += 1;
+    removed.push(name);
   }
   return removed;
+}
+
+const WRITE_PROBLEMS: Record<string, string> = {
+  EACCES: 'permission denied',
+  EPERM: 'permission denied',
+  EROFS: 'read-only file system',
+  ENOTDIR: 'not a directory',
+  ENOSPC: 'no space left',
+  EDQUOT: 'disk quota exceeded',
+};
+
+/**
+ * Vault's sink write-check: proves at start that `atomicWrite` can write into `dir`
+ * (created if missing, with `mode`) by creating and removing a temp file the way it would,
+ * so a service that cannot write its files fails at once with a clear message instead of
+ * at the first renewal. The probe is named like a temp file: a crash leaves it sweepable.
+ * `probe: false` asks the kernel instead (access(2): modes, read-only mounts) for a
+ * directory where any write is an event: a probe in the hand-off inbox would start
+ * apply's `.path` unit, and apply's own probe would start it again, for ever.
+ */
+export async function checkWritableDir(dir: string, what: string, options: { mode?: number; probe?: boolean } = {}): Promise<void> {
+  try {
+    await mkdir(dir, { recursive: true, ...(options.mode === undefined ? {} : { mode: options.mode }) });
+    if (options.probe === false) {
+      await access(dir, constants.W_OK | constants.X_OK);
+      return;
+    }
+    const probe = join(dir, `.write-check.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+    const fh = await open(probe, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+    await fh.close();
+    await unlink(probe);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? 'error';
+    throw new Error(`cannot write ${what} in ${dir}: ${WRITE_PROBLEMS[code] ?? code}`);
+  }
 }

@@ -5,6 +5,10 @@ import { processAlive } from './process-alive.js';
 export interface LockOptions {
   timeoutMs?: number;
   retryMs?: number;
+  /** Stops waiting (rejects with the signal's reason): a service told to stop must not wait out a lock. */
+  signal?: AbortSignal;
+  /** Called once if the lock is held by someone else when first tried (for a log line). */
+  onWait?: (owner: number) => void;
 }
 
 /**
@@ -17,7 +21,9 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, option
   const lockPath = `${path}.lock`;
   const deadline = Date.now() + (options.timeoutMs ?? 10_000);
   const retryMs = options.retryMs ?? 20;
+  let waited = false;
   for (;;) {
+    options.signal?.throwIfAborted();
     try {
       const fh = await open(lockPath, 'wx', 0o600);
       await fh.writeFile(String(process.pid));
@@ -33,9 +39,13 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, option
       await unlink(lockPath).catch(() => undefined);
       continue;
     }
+    if (!waited) {
+      waited = true;
+      options.onWait?.(owner);
+    }
     if (Date.now() > deadline) throw new Error(`timed out waiting for lock ${lockPath} (held by pid ${owner || 'unknown'})`);
     // Jitter keeps two waiters from retrying in lockstep.
-    await sleep(retryMs + Math.floor(Math.random() * retryMs));
+    await sleep(retryMs + Math.floor(Math.random() * retryMs), undefined, options.signal ? { signal: options.signal } : undefined);
   }
   try {
     return await fn();

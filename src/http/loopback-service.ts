@@ -5,9 +5,7 @@ import type { Socket } from 'node:net';
 import { peerUid } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
-import type { Logger } from '../log/logger.js';
-import type { Notifier } from '../service/sd-notify.js';
-import type { Service } from '../service/service.js';
+import type { Service, ServiceContext } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
@@ -27,8 +25,6 @@ export interface LoopbackServiceSpec<T> {
    */
   config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
   handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
-  log: Logger;
-  notifier: Notifier;
   onListening?: (port: number) => void;
   /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
@@ -36,14 +32,15 @@ export interface LoopbackServiceSpec<T> {
 
 /**
  * The one shape of a loopback proxy part (forwarder, cli-proxy): load and watch its config
- * file, listen, tell systemd, reload on SIGHUP (RELOADING=1 … READY=1), and on stop drain
- * in-flight requests within the grace period.
+ * file, listen, tell systemd, reload on the runner's reload (RELOADING=1 … READY=1), and on
+ * stop drain in-flight requests within the grace period. Whatever it started is released
+ * on every path: a listen that fails (EADDRINUSE) must leave nothing running, or the
+ * config file's watcher would keep a process that serves nothing alive.
  */
 export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service {
-  const { log, notifier } = spec;
   return {
     name: spec.name,
-    async run(signal) {
+    async run({ signal, log, notifier, onReload }) {
       await mkdir(dirname(spec.config.path), { recursive: true, mode: 0o700 });
       const config: HotFile<T> = new HotFile<T>({
         ...spec.config,
@@ -57,75 +54,93 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
           void notifier.status(statusLine(spec, config));
         },
       });
-      await config.start();
-
-      const agent = createUpstreamAgent(spec.upstream);
-      const inflight = new InFlight();
-      let stopping = false;
-      let port = spec.listen.port;
-      const allowed = new WeakMap<Socket, Promise<boolean>>();
-      const peerAllowed = spec.allowedUids
-        ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
-        : undefined;
-      const server = createLoopbackServer(
-        spec.handler({ config, agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
-      );
-      if (spec.allowedUids) {
-        const uids = spec.allowedUids;
-        // Once per connection, not per request: keep-alive requests pay nothing.
-        server.on('connection', (socket: Socket) => {
-          const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
-            const ok = uid !== undefined && uids.has(uid);
-            // A client already gone has no entry left to find; nothing to refuse or report.
-            if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
-            return ok;
-          });
-          allowed.set(socket, decision);
-        });
+      const cleanups: Array<() => Promise<void> | void> = [];
+      try {
+        cleanups.push(() => config.close());
+        await config.start();
+        const agent = createUpstreamAgent(spec.upstream);
+        cleanups.push(() => agent.close().catch(() => undefined));
+        await serve(spec, { signal, log, notifier, onReload, config, agent, cleanups });
+      } finally {
+        for (const cleanup of cleanups.reverse()) await cleanup();
       }
-      // Node's own clientError handling answers 400/408/431 without detail; keep it.
-      const bound = await listen(server, spec.listen);
-      port = bound.port;
-      log.info({ address: bound.address, port: bound.port }, `${spec.name} listening`);
-      spec.onListening?.(bound.port);
-
-      const onHup = (): void => {
-        log.info(`SIGHUP: reloading ${spec.config.label}`);
-        void (async () => {
-          await notifier.reloading();
-          await config.reload();
-          await notifier.ready(statusLine(spec, config));
-        })();
-      };
-      process.on('SIGHUP', onHup);
-      // Test-only (AGENT_CONNECTORS_TEST_HOOKS=stall-on-sigusr2): SIGUSR2 blocks the event
-      // loop for good, so the watchdog test sees systemd kill and restart a hung process.
-      const onStall = (): void => {
-        log.warn('test hook: stalling the event loop');
-        for (;;) {
-          // a hung process, on purpose
-        }
-      };
-      if (hookEnabled('stall-on-sigusr2')) process.on('SIGUSR2', onStall);
-      await notifier.ready(statusLine(spec, config));
-      const stopWatchdog = notifier.startWatchdog();
-
-      await new Promise<void>((resolve) => {
-        if (signal.aborted) resolve();
-        else signal.addEventListener('abort', () => resolve(), { once: true });
-      });
-
-      stopping = true;
-      process.off('SIGHUP', onHup);
-      stopWatchdog();
-      await notifier.stopping();
-      log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
-      const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs);
-      await agent.close().catch(() => undefined);
-      await config.close();
-      log.info({ clean, streamsCut }, `${spec.name} stopped`);
     },
   };
+}
+
+interface Running<T> extends ServiceContext {
+  config: HotFile<T>;
+  agent: Agent;
+  /** Registered as each resource is taken, released in reverse by the caller. */
+  cleanups: Array<() => Promise<void> | void>;
+}
+
+async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<void> {
+  const { log, notifier, config } = r;
+  const inflight = new InFlight();
+  let stopping = false;
+  let port = spec.listen.port;
+  const allowed = new WeakMap<Socket, Promise<boolean>>();
+  const peerAllowed = spec.allowedUids
+    ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
+    : undefined;
+  const server = createLoopbackServer(
+    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
+  );
+  if (spec.allowedUids) {
+    const uids = spec.allowedUids;
+    // Once per connection, not per request: keep-alive requests pay nothing.
+    server.on('connection', (socket: Socket) => {
+      const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
+        const ok = uid !== undefined && uids.has(uid);
+        // A client already gone has no entry left to find; nothing to refuse or report.
+        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+        return ok;
+      });
+      allowed.set(socket, decision);
+    });
+  }
+  // Node's own clientError handling answers 400/408/431 without detail; keep it.
+  const bound = await listen(server, spec.listen);
+  // Normally closed by the drain below; this covers a failure between here and there.
+  r.cleanups.push(() => {
+    if (server.listening) server.close();
+  });
+  port = bound.port;
+  log.info({ address: bound.address, port: bound.port }, `${spec.name} listening`);
+  spec.onListening?.(bound.port);
+
+  r.cleanups.push(
+    r.onReload(() => {
+      log.info(`SIGHUP: reloading ${spec.config.label}`);
+      void (async () => {
+        await notifier.reloading();
+        await config.reload();
+        await notifier.ready(statusLine(spec, config));
+      })();
+    }),
+  );
+  // Test-only (AGENT_CONNECTORS_TEST_HOOKS=stall-on-sigusr2): SIGUSR2 blocks the event
+  // loop for good, so the watchdog test sees systemd kill and restart a hung process.
+  const onStall = (): void => {
+    log.warn('test hook: stalling the event loop');
+    for (;;) {
+      // a hung process, on purpose
+    }
+  };
+  if (hookEnabled('stall-on-sigusr2')) process.on('SIGUSR2', onStall);
+  await notifier.ready(statusLine(spec, config));
+  r.cleanups.push(notifier.startWatchdog());
+
+  await new Promise<void>((resolve) => {
+    if (r.signal.aborted) resolve();
+    else r.signal.addEventListener('abort', () => resolve(), { once: true });
+  });
+
+  stopping = true;
+  log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
+  const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs);
+  log.info({ clean, streamsCut }, `${spec.name} stopped`);
 }
 
 /** What systemd shows for the unit (STATUS=): what is served, and whether from the last good file. */

@@ -1,9 +1,7 @@
-import { mkdir } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { watch } from 'chokidar';
-import type { Logger } from '../log/logger.js';
+import { checkWritableDir } from '../fs/atomic-write.js';
 import { runLoop } from '../service/loop.js';
-import type { Notifier } from '../service/sd-notify.js';
 import type { Service } from '../service/service.js';
 import { applyInbox, type ApplyDeps } from './apply.js';
 
@@ -11,43 +9,69 @@ export interface ApplyConfig {
   watch: boolean;
   /** In watch mode, a full scan at least this often in case a file event was missed. */
   rescanMs: number;
+  paths: ApplyDeps['paths'];
+  tokenFilesFor: ApplyDeps['tokenFilesFor'];
+  /** The state directories the token files go to by default (checked writable at start). */
+  tokenDirs: readonly string[];
 }
 
 /**
  * renew apply: hand-off → token file. One-shot for a systemd `.path` trigger, or
- * `--watch` (chokidar on inbox/) for hosts without systemd and for `dev`.
+ * `--watch` (chokidar on inbox/) for hosts without systemd and for `dev`; both on the one
+ * loop, so either stops on SIGTERM, even while waiting for another apply's lock.
  */
-export function createApplyService(deps: { config: ApplyConfig; apply: ApplyDeps; log: Logger; notifier: Notifier }): Service {
-  const { config, log } = deps;
+export function createApplyService(config: ApplyConfig): Service {
   return {
     name: 'renew-apply',
-    async run(signal) {
-      await mkdir(deps.apply.paths.inbox, { recursive: true });
-      const once = async (): Promise<void> => {
-        const stats = await applyInbox(deps.apply);
-        if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
+    async run({ signal, log, notifier, onReload }) {
+      const { paths } = config;
+      await checkWritableDir(paths.root, 'the hand-off directory');
+      await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
+      await checkWritableDir(paths.slots, 'the hand-off slot files');
+      for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
+      const deps: ApplyDeps = { paths, tokenFilesFor: config.tokenFilesFor, log, signal };
+      const applyAll = async (): Promise<void> => {
+        try {
+          const stats = await applyInbox(deps);
+          if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
+        } catch (err) {
+          // Stopped while waiting for the lock: nothing half done, the next run applies.
+          if (!signal.aborted) throw err;
+        }
       };
       if (!config.watch) {
-        await once();
+        await runLoop({
+          name: 'renew-apply',
+          log,
+          signal,
+          failFast: true,
+          step: async () => {
+            await applyAll();
+            return 'done';
+          },
+        });
         return;
       }
       // fetch's temp files are 0600 until renamed: ignore them, and never die of a watch error.
-      const watcher = watch(deps.apply.paths.inbox, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
-      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
-      await new Promise<void>((r) => watcher.once('ready', () => r()));
-      await deps.notifier.ready('watching inbox');
+      const watcher = watch(paths.inbox, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
       try {
+        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
+        await new Promise<void>((r) => watcher.once('ready', () => r()));
+        await notifier.ready('watching inbox');
         await runLoop({
           name: 'renew-apply',
           log,
           signal,
           step: async () => {
-            await once();
+            await applyAll();
             return config.rescanMs;
           },
           subscribeWake: (wake) => {
             watcher.on('add', wake).on('change', wake).on('raw', wake);
-            return () => undefined;
+            return onReload(() => {
+              log.info('SIGHUP: rescanning the inbox');
+              wake();
+            });
           },
         });
       } finally {

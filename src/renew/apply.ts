@@ -1,6 +1,6 @@
 import { constants } from 'node:fs';
 import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
@@ -21,6 +21,8 @@ export interface ApplyDeps {
   tokenFilesFor: (slot: string) => Promise<string[]>;
   log: Logger;
   now?: () => number;
+  /** A stop request: no more waiting for another apply's lock. */
+  signal?: AbortSignal;
 }
 
 export interface ApplyStats {
@@ -113,7 +115,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   const files = await deps.tokenFilesFor(slot);
   for (const file of files) {
     await mkdir(dirname(file), { recursive: true, mode: 0o700 });
-    await sweepStaleTemps(file);
+    await sweepStaleTemps(dirname(file), { target: basename(file) });
     await atomicWrite(file, `${msg.token}\n`, {
       mode: 0o600,
       owner: await ownerFor(dirname(file)),
@@ -151,6 +153,10 @@ export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promis
 export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
   await mkdir(deps.paths.inbox, { recursive: true, mode: 0o770 });
+  const lock = {
+    signal: deps.signal,
+    onWait: (owner: number) => deps.log.info({ owner: owner || null }, 'waiting for another apply to finish'),
+  };
   await withFileLock(join(deps.paths.root, 'apply'), async () => {
     // Re-list until a round finds nothing new: a file renamed in while we worked would
     // otherwise wait for the next trigger (a systemd .path unit does not fire for a
@@ -168,6 +174,6 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
         }
       }
     }
-  });
+  }, lock);
   return stats;
 }

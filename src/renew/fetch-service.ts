@@ -1,16 +1,24 @@
-import { createHash } from 'node:crypto';
-import { readdir, unlink } from 'node:fs/promises';
-import { basename, join } from 'node:path';
+import { join, basename } from 'node:path';
 import { watch } from 'chokidar';
+import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
-import type { Notifier } from '../service/sd-notify.js';
-import type { Service } from '../service/service.js';
 import { runLoop } from '../service/loop.js';
+import type { Service } from '../service/service.js';
 import { readTokenFile } from '../token/token-file.js';
 import { FetchState } from './fetch-state.js';
-import { createFetchAgent, renewSlot, type FetchDeps } from './fetch.js';
+import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
 import { handoffPaths, readSlots, type SlotFile } from './handoff.js';
-import { backoffDelay, defaultBackoff, renewDueAt, type BackoffOptions } from './schedule.js';
+import {
+  afterCredentialChange,
+  credentialDigest,
+  credentialGate,
+  decide,
+  dueAt,
+  freshSlot,
+  type Decision,
+  type SlotPolicyState,
+} from './policy.js';
+import { defaultBackoff, type BackoffOptions } from './schedule.js';
 
 export interface FetchConfig {
   gatewayUrl: string;
@@ -27,48 +35,54 @@ export interface FetchConfig {
 
 export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000 };
 
-const REVOKED_PAUSE_MS = 10 * 60_000;
-
-interface SlotRetry {
-  attempt: number;
-  notBefore: number;
-}
-
-/**
- * A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
- * token) in inbox/; apply ignores dot files, so fetch, the only writer, sweeps its own.
- */
-async function removeStaleTemps(inbox: string, log: Logger): Promise<void> {
-  const names = await readdir(inbox).catch(() => [] as string[]);
-  for (const name of names) {
-    if (name.startsWith('.') && name.endsWith('.tmp')) {
-      await unlink(join(inbox, name)).catch(() => undefined);
-      log.info({ file: name }, 'removed a temp file left by an interrupted write');
-    }
-  }
-}
-
 /** Thrown by `--once` when something could not be settled; the CLI exits 1. */
 export class FetchIncompleteError extends Error {}
 
+/** The log line of each decision (the policy decides; this only reports). */
+function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision: Extract<Decision, { kind: 'next' }>): void {
+  switch (outcome.kind) {
+    case 'renewed':
+      log.info({ slot, tokenId: outcome.tokenId, expiresAt: outcome.expiresAt }, 'renewed; handed to apply');
+      return;
+    case 'conflict':
+      log.warn({ slot, currentTokenId: outcome.currentTokenId, attempt: decision.state.attempt }, "token conflict (409): adopted the Gateway's token id; renewing again");
+      return;
+    case 'revoked':
+      log.warn({ slot }, 'slot revoked by the Gateway (404); no more renewals for it');
+      return;
+    case 'retry':
+      log.warn(
+        { slot, reason: outcome.reason, attempt: decision.state.attempt, retryInMs: decision.delayMs, retryAfterMs: outcome.retryAfterMs },
+        'renewal failed; will retry with the same requestId',
+      );
+      return;
+    case 'credential_invalid':
+      return;
+  }
+}
+
 /**
- * renew fetch: schedule → renew → hand-off. Holds the host credential and nothing else:
- * it never sees a token file, only the hand-off directory and its private state.
+ * renew fetch: schedule → renew → hand-off, with the policy deciding each next attempt.
+ * Holds the host credential and nothing else: it never sees a token file, only the
+ * hand-off directory and its private state.
  */
-export function createFetchService(deps: { config: FetchConfig; log: Logger; notifier: Notifier }): Service {
-  const { config, log, notifier } = deps;
+export function createFetchService(config: FetchConfig): Service {
   return {
     name: 'renew-fetch',
-    async run(signal) {
+    async run({ signal, log, notifier, onReload }) {
       const paths = handoffPaths(config.handoffDir);
       const state = new FetchState(join(config.privateDir, 'slots'));
-      await state.init();
-      await removeStaleTemps(paths.inbox, log);
+      await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
+      await checkWritableDir(state.dir, "fetch's private state", { mode: 0o700 });
+      // A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
+      // token); apply ignores dot files, so fetch, their only writer, sweeps its own.
+      for (const dir of [paths.inbox, state.dir]) {
+        for (const file of await sweepStaleTemps(dir)) log.info({ file }, 'removed a temp file left by an interrupted write');
+      }
       const agent = createFetchAgent();
       const fetchDeps: FetchDeps = { gatewayUrl: config.gatewayUrl, paths, state, agent, log };
-      const retries = new Map<string, SlotRetry>();
-      const revokedUntil = new Map<string, number>();
-      let halted: string | undefined; // hash of the credential the Gateway refused
+      const slotStates = new Map<string, SlotPolicyState>();
+      let haltedOn: string | undefined; // digest of the credential the Gateway refused
       let unsettled = 0;
 
       const readCredential = (): string | undefined => {
@@ -78,59 +92,18 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
         return undefined;
       };
 
-      const renewDue = async (slot: SlotFile, credential: string, now: number): Promise<number | 'halt'> => {
-        const retry = retries.get(slot.slot);
-        const st = await state.read(slot.slot);
-        const delivered = st.delivered && st.delivered.generation >= slot.generation ? st.delivered : undefined;
-        const times = delivered
-          ? { tokenId: delivered.tokenId, expiresAt: Date.parse(delivered.expiresAt), issuedAt: Date.parse(delivered.receivedAt) }
-          : {
-              tokenId: slot.tokenId,
-              expiresAt: slot.expiresAt ? Date.parse(slot.expiresAt) : null,
-              issuedAt: slot.appliedAt ? Date.parse(slot.appliedAt) : null,
-            };
-        const due = Math.max(
-          st.pending || st.adopted !== undefined ? 0 : renewDueAt(times),
-          retry?.notBefore ?? 0,
-          revokedUntil.get(slot.slot) ?? 0,
-        );
+      /** Renews the slot if due; the time of its next attempt, or 'halt'. */
+      const attempt = async (slot: SlotFile, credential: string, now: number): Promise<number | 'halt'> => {
+        const current = slotStates.get(slot.slot) ?? freshSlot;
+        const due = dueAt(slot, await state.read(slot.slot), current);
         if (due > now) return due;
-
         const outcome = await renewSlot(fetchDeps, slot, credential);
-        switch (outcome.kind) {
-          case 'renewed': {
-            retries.delete(slot.slot);
-            log.info({ slot: slot.slot, tokenId: outcome.tokenId, expiresAt: outcome.expiresAt }, 'renewed; handed to apply');
-            return renewDueAt({ tokenId: outcome.tokenId, expiresAt: Date.parse(outcome.expiresAt), issuedAt: Date.now() });
-          }
-          case 'conflict': {
-            // Another renewal won; renew again at once against what the Gateway holds, but
-            // back off if conflicts repeat (two hosts fighting over one slot).
-            const attempt = (retry?.attempt ?? 0) + 1;
-            const delay = attempt > 2 ? backoffDelay(attempt - 2, undefined, config.backoff) : 0;
-            const answeredAt = Date.now();
-            retries.set(slot.slot, { attempt, notBefore: answeredAt + delay });
-            log.warn({ slot: slot.slot, currentTokenId: outcome.currentTokenId, attempt }, 'token conflict (409): adopted the Gateway\'s token id; renewing again');
-            return answeredAt + delay;
-          }
-          case 'credential_invalid':
-            return 'halt';
-          case 'revoked':
-            // apply marks the slot file revoked; until it has, do not ask again.
-            retries.delete(slot.slot);
-            revokedUntil.set(slot.slot, now + REVOKED_PAUSE_MS);
-            log.warn({ slot: slot.slot }, 'slot revoked by the Gateway (404); no more renewals for it');
-            return now + REVOKED_PAUSE_MS;
-          case 'retry': {
-            const attempt = (retry?.attempt ?? 0) + 1;
-            const delay = backoffDelay(attempt, outcome.retryAfterMs, config.backoff);
-            // Counted from when the answer arrived (RFC 9110 Retry-After), not the step's start.
-            const answeredAt = Date.now();
-            retries.set(slot.slot, { attempt, notBefore: answeredAt + delay });
-            log.warn({ slot: slot.slot, reason: outcome.reason, attempt, retryInMs: delay, retryAfterMs: outcome.retryAfterMs }, 'renewal failed; will retry with the same requestId');
-            return answeredAt + delay;
-          }
-        }
+        // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
+        const decision = decide(current, outcome, Date.now(), { backoff: config.backoff });
+        if (decision.kind === 'halt') return 'halt';
+        slotStates.set(slot.slot, decision.state);
+        logDecision(log, slot.slot, outcome, decision);
+        return decision.at;
       };
 
       const step = async (): Promise<number> => {
@@ -140,12 +113,13 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
           unsettled = 1;
           return config.maxSleepMs;
         }
-        const hash = createHash('sha256').update(credential).digest('hex');
-        if (halted === hash) return config.maxSleepMs;
-        if (halted) {
+        const digest = credentialDigest(credential);
+        const gate = credentialGate(haltedOn, digest);
+        if (gate === 'halted') return config.maxSleepMs;
+        if (gate === 'resume') {
           log.info('host credential changed; resuming renewals');
-          halted = undefined;
-          retries.clear();
+          haltedOn = undefined;
+          for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
         }
         const { slots, errors } = await readSlots(paths);
         for (const e of errors) log.warn(e, 'ignoring invalid slot file');
@@ -154,9 +128,9 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
         for (const slot of slots) {
           if (signal.aborted) break;
           if (slot.revoked) continue;
-          const at = await renewDue(slot, credential, now);
+          const at = await attempt(slot, credential, now);
           if (at === 'halt') {
-            halted = hash;
+            haltedOn = digest;
             unsettled += 1;
             log.error(
               { slot: slot.slot },
@@ -165,24 +139,43 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
             void notifier.status('halted: host credential rejected (401)');
             return config.maxSleepMs;
           }
-          if (retries.has(slot.slot)) unsettled += 1;
+          if (!(slotStates.get(slot.slot) ?? freshSlot).settled) unsettled += 1;
           next = Math.min(next, at);
         }
         void notifier.status(`${slots.length} slot(s); next renewal in ${Math.max(0, Math.round((next - Date.now()) / 1000))} s`);
         return Math.max(0, next - Date.now());
       };
 
+      const rescanOnReload = (wake: () => void): (() => void) =>
+        onReload(() => {
+          log.info('SIGHUP: rescanning slots and the credential');
+          wake();
+        });
+
       try {
         if (config.once) {
           const deadline = Date.now() + config.onceBudgetMs;
-          for (;;) {
-            const wait = await step();
-            if (halted || signal.aborted) break;
-            if (unsettled === 0 && wait > 0) break;
-            if (Date.now() + wait > deadline) break;
-            await new Promise((r) => setTimeout(r, wait));
+          await runLoop({
+            name: 'renew-fetch',
+            log,
+            signal,
+            failFast: true,
+            subscribeWake: rescanOnReload,
+            step: async () => {
+              const wait = await step();
+              if (haltedOn !== undefined || (unsettled === 0 && wait > 0) || Date.now() + wait > deadline) return 'done';
+              return wait;
+            },
+          });
+          if (signal.aborted) {
+            // Stopped (systemd stop, Ctrl-C): not a failure; a pending requestId is durable
+            // and the next run continues the same renewal.
+            if (unsettled > 0) log.warn({ unsettled }, 'stopped before every renewal settled; the next run continues them');
+            return;
           }
-          if (halted || unsettled > 0) throw new FetchIncompleteError(halted ? 'host credential rejected (401)' : 'some renewals did not settle; see the log');
+          if (haltedOn !== undefined || unsettled > 0) {
+            throw new FetchIncompleteError(haltedOn !== undefined ? 'host credential rejected (401)' : 'some renewals did not settle; see the log');
+          }
           return;
         }
         await notifier.ready('renewing');
@@ -198,9 +191,7 @@ export function createFetchService(deps: { config: FetchConfig; log: Logger; not
             step,
             subscribeWake: (wake) => {
               watcher.on('all', wake);
-              const onHup = (): void => wake();
-              process.on('SIGHUP', onHup);
-              return () => process.off('SIGHUP', onHup);
+              return rescanOnReload(wake);
             },
           });
         } finally {

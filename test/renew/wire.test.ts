@@ -4,8 +4,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import t from 'tap';
 import { request } from 'undici';
-import { RenewAuthority } from '../../src/renew/authority.js';
-import { handleRenewHttp } from '../../src/renew/gateway-http.js';
+import { RenewAuthority } from '../../src/gateway-standin/authority.js';
+import { handleRenewHttp } from '../../src/gateway-standin/gateway-http.js';
 import {
   cliSlot,
   instanceSlot,

@@ -14,9 +14,9 @@ class Steps {
   readonly events: string[] = [];
   private waiters: Array<{ n: number; resolve: () => void }> = [];
 
-  constructor(private readonly body: (n: number) => Promise<number> | number) {}
+  constructor(private readonly body: (n: number) => Promise<number | 'done'> | number | 'done') {}
 
-  readonly step = async (): Promise<number> => {
+  readonly step = async (): Promise<number | 'done'> => {
     this.calls += 1;
     const n = this.calls;
     this.events.push(`step${n}`);
@@ -291,4 +291,39 @@ t.test('works without a wake source', async (t) => {
   });
   t.equal(await within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step }), 5_000), 'done');
   t.equal(steps.calls, 3);
+});
+
+t.test('a step that is done ends the loop without a wait (one-shot runs)', async (t) => {
+  const { log } = memoryLogger();
+  const ac = new AbortController();
+  const src = wakeSource();
+  const steps = new Steps((n) => (n === 2 ? 'done' : 0));
+  t.equal(await within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, subscribeWake: src.subscribe }), 5_000), 'done');
+  t.equal(steps.calls, 2, 'no round after done');
+  t.notOk(ac.signal.aborted, 'ended by the step, not by a stop');
+  t.equal(src.unsubscribed, 1, 'unsubscribed');
+});
+
+t.test('a one-shot wait ends on abort (SIGTERM), not when the wait runs out', async (t) => {
+  const { log } = memoryLogger();
+  const ac = new AbortController();
+  const steps = new Steps(() => LONG);
+  const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step });
+  await steps.reached(1);
+  ac.abort();
+  t.equal(await within(done, 5_000), 'done');
+  t.equal(steps.calls, 1);
+});
+
+t.test('failFast: a throwing step ends the loop with its error, unlogged and not retried', async (t) => {
+  const { log, records } = memoryLogger();
+  const ac = new AbortController();
+  const src = wakeSource();
+  const steps = new Steps(() => {
+    throw new Error('cannot write');
+  });
+  await t.rejects(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, failFast: true, subscribeWake: src.subscribe }), /cannot write/);
+  t.equal(steps.calls, 1, 'not retried');
+  t.equal(records.filter((r) => r.msg === 'loop step failed').length, 0, 'the caller reports it, not the loop');
+  t.equal(src.unsubscribed, 1, 'unsubscribed');
 });

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { inspect } from 'node:util';
 import t from 'tap';
-import { RenewAuthority, type RenewResult } from '../../src/renew/authority.js';
+import { RenewAuthority, type RenewResult } from '../../src/gateway-standin/authority.js';
 import { renewConflictSchema, renewErrorSchema, renewOkSchema, type RenewOk } from '../../src/renew/wire.js';
 
 const CRED = 'host-cred-секрет-1';

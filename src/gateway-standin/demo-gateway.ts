@@ -8,8 +8,8 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import type { Logger } from '../log/logger.js';
-import type { RenewAuthority } from '../renew/authority.js';
-import { handleRenewHttp } from '../renew/gateway-http.js';
+import type { RenewAuthority } from './authority.js';
+import { handleRenewHttp } from './gateway-http.js';
 
 /**
  * The built-in demo Gateway for `agent-connectors dev`: a real MCP server (official SDK,
