@@ -6,6 +6,8 @@ import { errors as undiciErrors } from 'undici';
  * - AppError: what an agent sees, a stable code from the table below → HTTP status + JSON.
  * - ClientGoneError: the agent left mid-request; nobody to answer, nothing to log as a fault.
  * - ConfigError: a usage or configuration problem; the CLI exits 2.
+ * - ServiceFailedError, FetchIncompleteError: a long-running part or a one-shot run
+ *   failed; the CLI exits with the cause's code (1 unless the cause says otherwise).
  * - anything else thrown reaches an agent as internal_error and the CLI as exit 1.
  */
 
@@ -109,6 +111,28 @@ export class ConfigError extends Error {
   constructor(message: string) {
     super(message);
     this.name = 'ConfigError';
+  }
+}
+
+/** A part of the process failed; the runner stopped the others. Exit code of the cause. */
+export class ServiceFailedError extends Error {
+  readonly exitCode: number;
+  constructor(
+    readonly service: string,
+    cause: unknown,
+  ) {
+    super(`${service}: ${cause instanceof Error ? cause.message : String(cause)}`);
+    this.name = 'ServiceFailedError';
+    this.exitCode = exitCodeOf(cause);
+  }
+}
+
+/** `renew fetch --once` could not settle every due slot (or the credential was refused): exit 1. */
+export class FetchIncompleteError extends Error {
+  readonly exitCode = 1;
+  constructor(message: string) {
+    super(message);
+    this.name = 'FetchIncompleteError';
   }
 }
 

@@ -5,7 +5,7 @@ import { upstreamUrlSchema } from '../data/fields.js';
 import { stateLayout } from '../data/state-layout.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
-import { handoffPaths } from '../renew/handoff.js';
+import { handoffPaths } from '../data/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';

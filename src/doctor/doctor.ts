@@ -6,7 +6,7 @@ import { parseCatalog } from '../data/catalog.js';
 import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
-import { handoffPaths, readSlots } from '../renew/handoff.js';
+import { handoffPaths, readSlots } from '../data/handoff.js';
 
 export type Level = 'ok' | 'warn' | 'problem';
 

@@ -8,13 +8,13 @@ import { crashPoint } from '../service/test-hooks.js';
 import {
   emptySlotFile,
   inboxFileSchema,
-  parseJsonWith,
   readSlotFile,
   slotFileName,
   slotOfFileName,
   type HandoffPaths,
   type SlotFile,
-} from './handoff.js';
+} from '../data/handoff.js';
+import { parseJsonWith } from '../data/parse.js';
 
 export interface ApplyDeps {
   paths: HandoffPaths;

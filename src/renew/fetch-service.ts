@@ -1,5 +1,6 @@
 import { join, basename } from 'node:path';
 import { watch } from 'chokidar';
+import { FetchIncompleteError } from '../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
@@ -7,7 +8,7 @@ import type { Service } from '../service/service.js';
 import { readTokenFile } from '../token/token-file.js';
 import { FetchState } from './fetch-state.js';
 import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
-import { handoffPaths, readSlots, type SlotFile } from './handoff.js';
+import { handoffPaths, readSlots, type SlotFile } from '../data/handoff.js';
 import {
   afterCredentialChange,
   credentialDigest,
@@ -34,9 +35,6 @@ export interface FetchConfig {
 }
 
 export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000 };
-
-/** Thrown by `--once` when something could not be settled; the CLI exits 1. */
-export class FetchIncompleteError extends Error {}
 
 /** The log line of each decision (the policy decides; this only reports). */
 function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision: Extract<Decision, { kind: 'next' }>): void {

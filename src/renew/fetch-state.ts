@@ -2,8 +2,8 @@ import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { atomicWrite } from '../fs/atomic-write.js';
-import { parseJsonWith } from './handoff.js';
-import { rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
+import { parseJsonWith } from '../data/parse.js';
+import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../data/renew-wire.js';
 
 /**
  * fetch's private, durable memory (in its own StateDirectory, unreadable to anyone else),

@@ -5,10 +5,11 @@ import { Agent } from 'undici';
 import { atomicWrite } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
-import { parseJsonWith, slotFileName, type HandoffPaths, type SlotFile } from './handoff.js';
+import { slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
+import { parseJsonWith } from '../data/parse.js';
 import type { FetchSlotState, FetchState } from './fetch-state.js';
 import { parseRetryAfter } from './schedule.js';
-import { renewConflictSchema, renewOkSchema, renewUrl } from './wire.js';
+import { renewConflictSchema, renewOkSchema, renewUrl } from '../data/renew-wire.js';
 
 export interface FetchDeps {
   gatewayUrl: string;

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { FetchSlotState } from './fetch-state.js';
 import type { RenewOutcome } from './fetch.js';
-import type { SlotFile } from './handoff.js';
+import type { SlotFile } from '../data/handoff.js';
 import { backoffDelay, renewDueAt, type BackoffOptions, type TokenTimes } from './schedule.js';
 
 /**

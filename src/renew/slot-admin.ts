@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { unlink } from 'node:fs/promises';
 import { writeSlotFile } from './apply.js';
-import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths } from './handoff.js';
+import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths } from '../data/handoff.js';
 
 /** `bind`: make the slot known to fetch (no token yet → renewed at once). Idempotent. */
 export async function ensureSlot(paths: HandoffPaths, slot: string): Promise<boolean> {

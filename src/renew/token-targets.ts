@@ -1,7 +1,7 @@
 import { readCatalog } from '../data/catalog.js';
 import { readInstances } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
-import { parseSlotId } from './wire.js';
+import { parseSlotId } from '../data/renew-wire.js';
 
 export interface TargetConfig {
   stateDir: string;

@@ -1,5 +1,6 @@
 import type { EventEmitter } from 'node:events';
 import type { Logger } from '../log/logger.js';
+import { ServiceFailedError } from '../errors.js';
 import type { Notifier } from './sd-notify.js';
 
 /** What the runner gives each service: everything a long-running part needs from outside. */
@@ -22,17 +23,6 @@ export interface ServiceContext {
 export interface Service {
   readonly name: string;
   run(ctx: ServiceContext): Promise<void>;
-}
-
-/** A service failed; the process exits 1 with this message on stderr. */
-export class ServiceFailedError extends Error {
-  constructor(
-    readonly service: string,
-    cause: unknown,
-  ) {
-    super(`${service}: ${cause instanceof Error ? cause.message : String(cause)}`);
-    this.name = 'ServiceFailedError';
-  }
 }
 
 export interface RunOptions {

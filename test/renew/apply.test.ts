@@ -15,10 +15,10 @@ import { join } from 'node:path';
 import t from 'tap';
 import { stateLayout } from '../../src/data/state-layout.js';
 import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/renew/apply.js';
-import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
+import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
 import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
-import type { RenewOk } from '../../src/renew/wire.js';
+import type { RenewOk } from '../../src/data/renew-wire.js';
 import { memoryLogger, type LogRecord } from '../helpers/memory-log.js';
 
 function tempDir(prefix: string): string {

@@ -9,8 +9,8 @@ import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
 import { createFetchAgent, expectationFor, renewSlot, type FetchDeps } from '../../src/renew/fetch.js';
 import { FetchState, fetchSlotStateSchema, type FetchSlotState } from '../../src/renew/fetch-state.js';
-import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
-import { renewOkSchema, type RenewOk } from '../../src/renew/wire.js';
+import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
+import { renewOkSchema, type RenewOk } from '../../src/data/renew-wire.js';
 import { memoryLogger } from '../helpers/memory-log.js';
 
 const SLOT = 'instance:inst-1';

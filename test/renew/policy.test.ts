@@ -1,7 +1,7 @@
 import t from 'tap';
 import type { RenewOutcome } from '../../src/renew/fetch.js';
 import type { FetchSlotState } from '../../src/renew/fetch-state.js';
-import type { SlotFile } from '../../src/renew/handoff.js';
+import type { SlotFile } from '../../src/data/handoff.js';
 import {
   REVOKED_PAUSE_MS,
   afterCredentialChange,

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { writeSlotFile } from '../../src/renew/apply.js';
-import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/renew/handoff.js';
+import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
 import { ensureSlot, retireSlot } from '../../src/renew/slot-admin.js';
 
 function handoff(): HandoffPaths {

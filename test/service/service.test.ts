@@ -1,7 +1,8 @@
 import { EventEmitter } from 'node:events';
 import t from 'tap';
 import { createNotifier } from '../../src/service/sd-notify.js';
-import { runServices, ServiceFailedError, type Service, type ServiceContext } from '../../src/service/service.js';
+import { ServiceFailedError } from '../../src/errors.js';
+import { runServices, type Service, type ServiceContext } from '../../src/service/service.js';
 import { memoryLogger } from '../helpers/memory-log.js';
 
 const quiet = createNotifier({ env: {} });

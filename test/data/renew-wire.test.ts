@@ -17,7 +17,7 @@ import {
   renewRequestSchema,
   renewUrl,
   slotIdSchema,
-} from '../../src/renew/wire.js';
+} from '../../src/data/renew-wire.js';
 
 t.test('slot ids', async (t) => {
   for (const good of ['instance:a', 'cli:notion', 'instance:A-b_c.9', `instance:${'x'.repeat(128)}`, 'instance:..']) {

@@ -12,7 +12,7 @@ import {
   slotFileSchema,
   slotOfFileName,
   type HandoffPaths,
-} from '../../src/renew/handoff.js';
+} from '../../src/data/handoff.js';
 
 function handoff(): HandoffPaths {
   const d = mkdtempSync(join(tmpdir(), 'ac-handoff-'));

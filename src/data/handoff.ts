@@ -1,8 +1,8 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { parseJsonWith } from '../data/parse.js';
-import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './wire.js';
+import { parseJsonWith } from './parse.js';
+import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './renew-wire.js';
 
 /**
  * The hand-off directory between `renew fetch` and `renew apply` (SPEC §4):
@@ -60,7 +60,7 @@ export function emptySlotFile(slot: string): SlotFile {
   return { slot, tokenId: null, expiresAt: null, generation: 0 };
 }
 
-export { parseJsonWith };
+
 
 /** Reads every valid slot file; invalid ones are reported, not fatal. */
 export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[]; errors: Array<{ file: string; error: string }> }> {

@@ -13,9 +13,6 @@ import { MAX_TOKEN_BYTES } from '../token/token-file.js';
  * answers are parsed tolerantly (a real Gateway may add fields; they are stripped).
  */
 
-/** `<id>` of `instance:<id>` / `cli:<provider>`: same alphabet as the registry's instanceId. */
-export const SLOT_ID_PART = /^[A-Za-z0-9_.-]{1,128}$/;
-
 /** A whole slot id. No `/`, no `%`, no whitespace: safe as a file name and a path segment. */
 export const SLOT_ID = /^(?:instance|cli):[A-Za-z0-9_.-]{1,128}$/;
 
@@ -98,20 +95,6 @@ export const renewErrorSchema = z.object({
 });
 
 export type RenewError = z.infer<typeof renewErrorSchema>;
-
-/** The error codes the Gateway side of this project sends. */
-export const renewErrorCodes = {
-  host_credential_invalid: 401,
-  slot_not_found: 404,
-  token_conflict: 409,
-  bad_request: 400,
-  method_not_allowed: 405,
-  payload_too_large: 413,
-  rate_limited: 429,
-  gateway_unavailable: 503,
-} as const satisfies Record<string, number>;
-
-export type RenewErrorCode = keyof typeof renewErrorCodes;
 
 export const RENEW_PATH_PREFIX = '/v1/host/credentials/';
 export const RENEW_PATH_SUFFIX = '/renew';
