@@ -24,9 +24,12 @@ import { slotIdSchema, type RenewConflict, type RenewError, type RenewOk, type R
  * is a different renewal. Records are kept for the authority's lifetime (a real Gateway
  * would keep them at least as long as a token lives).
  *
- * Old tokens stay valid until their own expiresAt, as a real Gateway's would: rotation
- * must not break requests already carrying the previous token. Revoking a slot
- * invalidates all its tokens at once. Rotating the host credential does not touch tokens.
+ * A slot honours only its current token (SPEC §4, seed §8: "the old short-lived token
+ * stops working as soon as the new one takes effect"): a mint revokes the slot's previous
+ * token at once. This is the rule the host must survive, so it is the default; the
+ * lenient rule (old tokens valid until their own expiresAt) exists for a test that says
+ * why it needs it. Revoking a slot invalidates all its tokens at once. Rotating the host
+ * credential does not touch tokens.
  *
  * Secrets: tokens and the credential live only in `#private` fields (not serialised by
  * JSON.stringify, not shown by util.inspect) and leave only in the 200 body of `renew`.
@@ -45,6 +48,11 @@ export interface RenewAuthorityOptions {
   slots?: readonly string[];
   /** Prefix of minted tokens (visible ASCII). Default `gw_`. */
   tokenPrefix?: string;
+  /**
+   * `current` (default): a mint revokes the slot's previous token at once, as the real
+   * Gateway does. `until-expiry`: old tokens stay valid until they expire (lenient).
+   */
+  tokenValidity?: 'current' | 'until-expiry';
 }
 
 export type CredentialValidator = (bearer: string) => boolean;
@@ -108,6 +116,7 @@ export class RenewAuthority {
   readonly #now: () => number;
   readonly #autoCreate: boolean;
   readonly #tokenPrefix: string;
+  readonly #strict: boolean;
   #validate: CredentialValidator;
   readonly #slots = new Map<string, SlotRecord>();
   /** `${slot}\n${requestId}` → the committed 200 answer (frozen). */
@@ -135,6 +144,7 @@ export class RenewAuthority {
     this.#now = options.now ?? Date.now;
     this.#autoCreate = options.autoCreateSlots ?? false;
     this.#tokenPrefix = options.tokenPrefix ?? 'gw_';
+    this.#strict = (options.tokenValidity ?? 'current') === 'current';
     if (!/^[\x21-\x7e]*$/.test(this.#tokenPrefix)) throw new RangeError('tokenPrefix must be visible ASCII');
     this.#validate = toValidator(options.credential);
     for (const slot of options.slots ?? []) this.createSlot(slot);
@@ -272,8 +282,9 @@ export class RenewAuthority {
     rec.tokenId = tokenId;
     rec.expiresAtMs = expiresAtMs;
     rec.generation += 1;
-    // Expired tokens can never become valid again (unless a test turns its clock back).
-    for (const [t, r] of this.#tokens) if (now >= r.expiresAtMs) this.#tokens.delete(t);
+    // Expired tokens can never become valid again (unless a test turns its clock back);
+    // under the strict rule the slot's previous token goes too, at this very moment.
+    for (const [t, r] of this.#tokens) if (now >= r.expiresAtMs || (this.#strict && r.slot === slot)) this.#tokens.delete(t);
     this.#tokens.set(token, { slot, tokenId, generation: rec.generation, expiresAtMs });
     return {
       slot,

@@ -8,7 +8,7 @@ const CRED = 'host-cred-секрет-1';
 const SLOT = 'instance:abc';
 const LIFETIME = 60_000;
 
-function setup(extra: { autoCreateSlots?: boolean } = {}): { a: RenewAuthority; clock: { now: number } } {
+function setup(extra: { autoCreateSlots?: boolean; tokenValidity?: 'current' | 'until-expiry' } = {}): { a: RenewAuthority; clock: { now: number } } {
   const clock = { now: Date.parse('2030-01-01T00:00:00.000Z') };
   const a = new RenewAuthority({ credential: CRED, tokenLifetimeMs: LIFETIME, now: () => clock.now, slots: [SLOT], ...extra });
   return { a, clock };
@@ -155,8 +155,25 @@ t.test('404: unknown slot, revoked slot (replays included); autoCreate; re-creat
   t.throws(() => a.createSlot('nope:x'));
 });
 
-t.test('isValidToken: old and new valid until their own expiry; then invalid', async (t) => {
+t.test('isValidToken, strict (the default): a mint revokes the previous token of that slot at once', async (t) => {
   const { a, clock } = setup();
+  const t1 = okBody(a.renew(SLOT, CRED, req(null)));
+  t.same(a.isValidToken(t1.token), { slot: SLOT, tokenId: t1.tokenId, generation: 1 });
+  clock.now += 1_000;
+  const t2 = okBody(a.renew(SLOT, CRED, req(t1.tokenId)));
+  t.equal(a.isValidToken(t1.token), undefined, 'old token refused the moment the new one is minted');
+  t.same(a.isValidToken(t2.token), { slot: SLOT, tokenId: t2.tokenId, generation: 2 });
+  a.createSlot('cli:other');
+  const other = okBody(a.renew('cli:other', CRED, req(null)));
+  t.ok(a.isValidToken(t2.token), 'a mint for another slot leaves this one alone');
+  t.ok(a.isValidToken(other.token));
+  a.mintElsewhere(SLOT);
+  t.equal(a.isValidToken(t2.token), undefined, 'a renewal elsewhere revokes it too');
+});
+
+// Lenient on purpose: the expiry arithmetic of old tokens only exists under this rule.
+t.test('isValidToken, until-expiry: old and new valid until their own expiry; then invalid', async (t) => {
+  const { a, clock } = setup({ tokenValidity: 'until-expiry' });
   const t1 = okBody(a.renew(SLOT, CRED, req(null)));
   t.same(a.isValidToken(t1.token), { slot: SLOT, tokenId: t1.tokenId, generation: 1 });
   clock.now += 40_000;
