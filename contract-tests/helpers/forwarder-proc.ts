@@ -8,8 +8,6 @@ import type { TapTest } from './tap-types.js';
 
 export const REPO_ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
 export const CLI = join(REPO_ROOT, 'dist/cli.js');
-/** The workplace's fake NOTIFY_SOCKET receiver; CI has a read-only copy of ../shared beside the repo. */
-export const NOTIFY_RECV = process.env.NOTIFY_RECV_PY ?? resolve(REPO_ROOT, '../shared/systemd-lab/notify-recv.py');
 
 export interface LogLine {
   msg?: string;
