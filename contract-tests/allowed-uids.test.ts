@@ -1,6 +1,7 @@
-import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
+import { existingUser, killGroup, spawnAsAgent } from './helpers/agent-user.js';
 import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
 import {
   checkNoLeaks,
@@ -16,6 +17,7 @@ import {
 import { assertJsonError, parseResponse, pollUntil, RawConnection, type Resp } from './helpers/http-raw.js';
 import { json, MockGateway } from './helpers/mock-gateway.js';
 import type { TapTest } from './helpers/tap-types.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
 
 /*
  * SPEC / issue 5 item 3: with `--allowed-uids`, the peer UID of each accepted loopback
@@ -30,8 +32,9 @@ const BINDING = 'bind_allowed_uids_01';
 const isRoot = process.getuid?.() === 0;
 
 /** Every test here needs root: to run a client as nobody (CI runs as root). */
+const needsRoot = { skip: unlessMissing(t, isRoot ? undefined : 'needs root to run a client as nobody') };
 function test(name: string, fn: (t: TapTest) => Promise<void>): void {
-  t.test(name, { skip: isRoot ? false : 'needs root to run a client as nobody' }, fn);
+  t.test(name, needsRoot, fn);
 }
 
 /**
@@ -59,6 +62,18 @@ const text = Buffer.from(b64, 'base64');
 })();
 `;
 
+/**
+ * `node -e <args[0]> args[1..]` as nobody, from `/` with a clean environment: the test's
+ * directory and NODE_OPTIONS (tap's loaders) point into the checkout, which nobody cannot
+ * enter when it is cloned somewhere private.
+ */
+function runAsNobody(args: string[]): ChildProcess {
+  const child = spawnAsAgent(existingUser('nobody'), 'exec "$@"', { env: { PATH: '/usr/bin:/bin' }, args: [process.execPath, '-e', ...args] });
+  child.stdin!.end();
+  child.once('exit', () => killGroup(child));
+  return child;
+}
+
 interface NobodyConnection {
   uid: number;
   responses: Resp[];
@@ -66,15 +81,11 @@ interface NobodyConnection {
 
 function asNobody(port: number, requestText: string, conns = 1): Promise<NobodyConnection[]> {
   return new Promise((resolve, reject) => {
-    const child = spawn(
-      'setpriv',
-      ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, '-e', NOBODY_CLIENT, String(port), Buffer.from(requestText).toString('base64'), String(conns)],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
+    const child = runAsNobody([NOBODY_CLIENT, String(port), Buffer.from(requestText).toString('base64'), String(conns)]);
     let out = '';
     let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     child.once('error', reject);
     child.once('close', (code) => {
       if (code !== 0) {
@@ -277,15 +288,14 @@ test('forwarder on [::1] with --allowed-uids 0: root served, nobody refused', as
   const ok = await rootRequest(fwd.port, 'POST', fwd.url, PING, '::1');
   t.equal(ok.status, 200, 'root over ::1');
   const script = NOBODY_CLIENT.replace("'127.0.0.1'", "'::1'");
-  const res = await new Promise<string>((resolve) => {
-    const child = spawn(
-      'setpriv',
-      ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, '-e', script, String(fwd.port), Buffer.from(httpRequest('POST', fwd.url, fwd.port, PING).replace(`127.0.0.1:${fwd.port}`, `[::1]:${fwd.port}`)).toString('base64'), '1'],
-      { stdio: ['ignore', 'pipe', 'inherit'] },
-    );
+  const res = await new Promise<string>((resolve, reject) => {
+    const child = runAsNobody([script, String(fwd.port), Buffer.from(httpRequest('POST', fwd.url, fwd.port, PING).replace(`127.0.0.1:${fwd.port}`, `[::1]:${fwd.port}`)).toString('base64'), '1']);
     let out = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.once('close', () => resolve(out));
+    let err = '';
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    child.once('error', reject);
+    child.once('close', (code) => (code === 0 ? resolve(out) : reject(new Error(`client as nobody exited ${code}: ${err}`))));
   });
   const data = Buffer.from((JSON.parse(res.trim()) as { data: string }).data, 'base64');
   const parsed = parseResponse(data, true);

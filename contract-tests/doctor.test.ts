@@ -9,6 +9,7 @@ import { runDoctor, type Finding } from '../src/doctor/doctor.js';
 import { startCliProxy, type CliProxyProc } from './helpers/cli-proxy-proc.js';
 import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, startForwarder, tempDir, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
 import type { TapTest } from './helpers/tap-types.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
 
 /*
  * Issue 5 item 4: `agent-connectors doctor` checks users/groups, directory and file owners
@@ -22,8 +23,9 @@ const isRoot = process.getuid?.() === 0;
 const SYSUSERS = join(REPO_ROOT, 'units/sysusers.d/agent-connectors.conf');
 const AGENT = 'nobody';
 
+const needsRoot = { skip: unlessMissing(t, isRoot ? undefined : 'needs root (users, chown, setpriv)') };
 function test(name: string, fn: (t: TapTest) => Promise<void>): void {
-  t.test(name, { skip: isRoot ? false : 'needs root (users, chown, setpriv)' }, fn);
+  t.test(name, needsRoot, fn);
 }
 
 interface Ids {
@@ -168,7 +170,15 @@ const problems = (r: { findings: Finding[] }): Finding[] => r.findings.filter((f
 
 /** Runs a shell command as `nobody` (no groups): can the Agent UID really read `path`? */
 function nobodyCanRead(path: string): boolean {
-  const r = spawnSync('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', 'cat', path], { encoding: 'utf8' });
+  // From / with nothing of the test's environment (env -i first: tap's spawn hooks add to
+  // any env given here), like any process a test runs as another user.
+  const r = spawnSync('/usr/bin/env', ['-i', 'PATH=/usr/bin:/bin', 'setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups', 'cat', path], {
+    encoding: 'utf8',
+    cwd: '/',
+    env: {},
+  });
+  // Only "cannot read" means no: setpriv or cat failing for another reason is an error.
+  if (r.status !== 0 && !/Permission denied/.test(r.stderr)) throw new Error(`setpriv cat ${path} as nobody failed (${r.status ?? r.signal}): ${r.stderr}`);
   return r.status === 0;
 }
 
