@@ -30,10 +30,21 @@ export interface RunResult {
   timedOut: boolean;
 }
 
+/**
+ * `env -i` and the given variables, then `file`: tap's spawn hooks add NODE_OPTIONS (a
+ * loader inside the checkout) to whatever environment a child is given, and a node started
+ * inside the lab, where the checkout may be hidden under its private /tmp, would die on it.
+ */
+function cleanCommand(file: string, args: readonly string[], env: Record<string, string | undefined> = {}): [string, string[]] {
+  const pairs = Object.entries({ ...CLEAN_ENV, ...env }).map(([k, v]) => `${k}=${v ?? ''}`);
+  return ['/usr/bin/env', ['-i', ...pairs, file, ...args]];
+}
+
 /** Runs a host command to the end with a clean environment; never throws for a non-zero exit. */
 export async function run(file: string, args: readonly string[], opts: { env?: Record<string, string>; timeoutMs?: number; cwd?: string } = {}): Promise<RunResult> {
-  const r = await execa(file, args, {
-    env: { ...CLEAN_ENV, ...opts.env },
+  const [envFile, envArgs] = cleanCommand(file, args, opts.env);
+  const r = await execa(envFile, envArgs, {
+    env: {},
     extendEnv: false,
     reject: false,
     stdin: 'ignore',
@@ -198,8 +209,15 @@ export class Lab {
 
   static async boot(opts: LabOptions): Promise<Lab> {
     const stopFile = join(opts.work, 'lab-stop');
-    const child = spawn('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
-      env: { ...CLEAN_ENV, UNIT_DIR: opts.unitDir, APP_DIR: opts.appDir, APP_MOUNT: opts.appMount, WORK: opts.work, RUN_TIMEOUT: String((opts.limitS ?? 170) - 10) },
+    const [file, args] = cleanCommand('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
+      UNIT_DIR: opts.unitDir,
+      APP_DIR: opts.appDir,
+      APP_MOUNT: opts.appMount,
+      WORK: opts.work,
+      RUN_TIMEOUT: String((opts.limitS ?? 170) - 10),
+    });
+    const child = spawn(file, args, {
+      env: {},
       stdio: ['ignore', 'pipe', 'pipe'],
       cwd: opts.work,
     });
