@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { checkNoLeaks, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
@@ -7,6 +7,8 @@ import { until } from '../test/support/poll.js';
 import { forwarderRig, startRig, type ProxyProc } from '../test/support/proxy-rig.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
+import { existingUser, killGroup, spawnAsAgent } from './helpers/agent-user.js';
 import { assertJsonError, parseResponse, RawConnection, type Resp } from './helpers/http-raw.js';
 
 /*
@@ -22,8 +24,9 @@ const BINDING = 'bind_allowed_uids_01';
 const isRoot = process.getuid?.() === 0;
 
 /** Every test here needs root: to run a client as nobody (CI runs as root). */
+const needsRoot = { skip: unlessMissing(t, isRoot ? undefined : 'needs root to run a client as nobody') };
 function test(name: string, fn: (t: TapTest) => Promise<void>): void {
-  t.test(name, { skip: isRoot ? false : 'needs root to run a client as nobody' }, fn);
+  t.test(name, needsRoot, fn);
 }
 
 /**
@@ -51,6 +54,18 @@ const text = Buffer.from(b64, 'base64');
 })();
 `;
 
+/**
+ * `node -e <args[0]> args[1..]` as nobody, from `/` with a clean environment: the test's
+ * directory and NODE_OPTIONS (tap's loaders) point into the checkout, which nobody cannot
+ * enter when it is cloned somewhere private.
+ */
+function runAsNobody(args: string[]): ChildProcess {
+  const child = spawnAsAgent(existingUser('nobody'), 'exec "$@"', { env: { PATH: '/usr/bin:/bin' }, args: [process.execPath, '-e', ...args] });
+  child.stdin!.end();
+  child.once('exit', () => killGroup(child));
+  return child;
+}
+
 interface NobodyConnection {
   uid: number;
   responses: Resp[];
@@ -58,15 +73,11 @@ interface NobodyConnection {
 
 function asNobody(port: number, requestText: string, conns = 1): Promise<NobodyConnection[]> {
   return new Promise((resolve, reject) => {
-    const child = spawn(
-      'setpriv',
-      ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, '-e', NOBODY_CLIENT, String(port), Buffer.from(requestText).toString('base64'), String(conns)],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
+    const child = runAsNobody([NOBODY_CLIENT, String(port), Buffer.from(requestText).toString('base64'), String(conns)]);
     let out = '';
     let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     child.once('error', reject);
     child.once('close', (code) => {
       if (code !== 0) {
@@ -266,15 +277,14 @@ test('forwarder on [::1] with --allowed-uids 0: root served, nobody refused', as
   const ok = await rootRequest(fwd.port, 'POST', fwd.url, PING, '::1');
   t.equal(ok.status, 200, 'root over ::1');
   const script = NOBODY_CLIENT.replace("'127.0.0.1'", "'::1'");
-  const res = await new Promise<string>((resolve) => {
-    const child = spawn(
-      'setpriv',
-      ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, '-e', script, String(fwd.port), Buffer.from(httpRequest('POST', fwd.url, fwd.port, PING).replace(`127.0.0.1:${fwd.port}`, `[::1]:${fwd.port}`)).toString('base64'), '1'],
-      { stdio: ['ignore', 'pipe', 'inherit'] },
-    );
+  const res = await new Promise<string>((resolve, reject) => {
+    const child = runAsNobody([script, String(fwd.port), Buffer.from(httpRequest('POST', fwd.url, fwd.port, PING).replace(`127.0.0.1:${fwd.port}`, `[::1]:${fwd.port}`)).toString('base64'), '1']);
     let out = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.once('close', () => resolve(out));
+    let err = '';
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    child.once('error', reject);
+    child.once('close', (code) => (code === 0 ? resolve(out) : reject(new Error(`client as nobody exited ${code}: ${err}`))));
   });
   const data = Buffer.from((JSON.parse(res.trim()) as { data: string }).data, 'base64');
   const parsed = parseResponse(data, true);

@@ -11,12 +11,18 @@ interface Run {
   stderr: string;
 }
 
-/** Runs the built CLI to completion. STATE_DIRECTORY is cleared unless the test sets it. */
+/**
+ * Runs the built CLI to completion with only PATH and `env` set (so no STATE_DIRECTORY or
+ * NOTIFY_SOCKET unless the test sets it). `env -i` first: tap's spawn hooks would add its
+ * processinfo loader, which doubles the start of every one of the ~60 CLI runs here and
+ * took this file past its timeout on a busy machine.
+ */
 function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
-  const base: NodeJS.ProcessEnv = { ...process.env, NOTIFY_SOCKET: '' };
-  delete base.STATE_DIRECTORY;
+  const pairs = Object.entries({ PATH: process.env.PATH, ...env })
+    .filter(([, v]) => v !== undefined)
+    .map(([k, v]) => `${k}=${v}`);
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { env: { ...base, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn('/usr/bin/env', ['-i', ...pairs, process.execPath, CLI, ...args], { env: {}, stdio: ['ignore', 'pipe', 'pipe'] });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     child.stdout.on('data', (c: Buffer) => out.push(c));

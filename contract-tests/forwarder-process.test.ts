@@ -1,75 +1,28 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import t from 'tap';
 import { request } from 'undici';
-import { checkNoLeaks, NOTIFY_RECV, startForwarder, tempDir, writeInstances, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
+import { checkNoLeaks, startForwarder, tempDir, writeInstances, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
 import type { TapTest } from './helpers/tap-types.js';
 import { MockGateway, json, sse, type SeenRequest } from './helpers/mock-gateway.js';
 import { deferred, pollUntil, StreamReader, withDeadline } from './helpers/sse-client.js';
+import { NotifyReceiver, notifyReceiverMissing, systemdNotifyMissing, type NotifyDatagram } from '../test/tools/notify-receiver.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
 
 const BINDING_A = 'bind_process_aaaa01';
 const BINDING_B = 'bind_process_bbbb02';
 
-/** One sd_notify datagram as the fake NOTIFY_SOCKET received it: its assignments. */
-interface Datagram {
-  raw: string;
-  assignments: string[];
+/** The stand-in NOTIFY_SOCKET (test/tools/notify-recv.py) at `socketPath`, closed at teardown. */
+async function startReceiver(t: TapTest, socketPath: string): Promise<NotifyReceiver> {
+  const rx = await NotifyReceiver.start(socketPath);
+  t.teardown(() => rx.close());
+  return rx;
 }
 
-/** Un-escapes the Python repr() of a str that notify-recv.py prints. */
-const ESCAPES: Readonly<Record<string, string>> = { n: '\n', r: '\r', t: '\t' };
-function unrepr(text: string): string {
-  return text.replace(/\\(n|r|t|\\|'|")/g, (_m, c: string) => ESCAPES[c] ?? c);
-}
+const is = (assignment: string) => (d: NotifyDatagram): boolean => d.assignments.includes(assignment);
 
-/** The fake systemd notify socket (python3 notify-recv.py), one parsed line per datagram. */
-class NotifyReceiver {
-  readonly datagrams: Datagram[] = [];
-  readonly lines: string[] = [];
-  readonly listening: Promise<void>;
-  constructor(readonly child: ChildProcess) {
-    const listening = deferred();
-    this.listening = listening.promise;
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      this.lines.push(line);
-      if (line.startsWith('listening on ')) listening.resolve();
-      const m = /\bmsg=(['"])(.*)\1$/.exec(line);
-      if (!m?.[2]) return;
-      const raw = unrepr(m[2]);
-      if (raw === 'BARRIER=1') return; // systemd-notify's own synchronisation, not ours
-      this.datagrams.push({ raw, assignments: raw.split('\n') });
-    });
-  }
-
-  /** Index of the first datagram at or after `from` that carries `assignment` (exact or prefix with `=`). */
-  indexOf(pred: (a: string) => boolean, from = 0): number {
-    for (let i = from; i < this.datagrams.length; i++) {
-      if ((this.datagrams[i] as Datagram).assignments.some(pred)) return i;
-    }
-    return -1;
-  }
-
-  async waitFor(pred: (a: string) => boolean, from: number, what: string): Promise<number> {
-    let idx = -1;
-    await pollUntil(() => (idx = this.indexOf(pred, from)) !== -1, `${what}; got ${JSON.stringify(this.datagrams.map((d) => d.raw))}`);
-    return idx;
-  }
-}
-
-function startReceiver(t: TapTest, socketPath: string): NotifyReceiver {
-  const child = spawn('python3', [NOTIFY_RECV, socketPath, '30'], { stdio: ['ignore', 'pipe', 'inherit'] });
-  t.teardown(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
-  });
-  return new NotifyReceiver(child);
-}
-
-const is = (assignment: string) => (a: string): boolean => a === assignment;
-
-t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', async (t) => {
+t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', { skip: unlessMissing(t, notifyReceiverMissing() ?? systemdNotifyMissing()) }, async (t) => {
   const stateDir = tempDir();
   const dir = join(stateDir, 'mcp-forwarder');
   mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -80,8 +33,7 @@ t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', async (t) => {
     [BINDING_B]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
   });
   const socketPath = join(tempDir('ac-notify-'), 'notify.sock');
-  const recv = startReceiver(t, socketPath);
-  await withDeadline(recv.listening, 10_000, 'notify-recv.py to listen');
+  const recv = await startReceiver(t, socketPath);
 
   const fwd = await startForwarder(t, {
     stateDir,
@@ -89,7 +41,7 @@ t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', async (t) => {
   });
 
   const ready = await recv.waitFor(is('READY=1'), 0, 'READY=1');
-  const readyMsg = recv.datagrams[ready] as Datagram;
+  const readyMsg = recv.datagrams[ready] as NotifyDatagram;
   const status = readyMsg.assignments.find((a) => a.startsWith('STATUS='));
   t.ok(status, 'READY=1 comes with a STATUS=');
   t.match(status, /\b2\b/, 'STATUS= names the instance count (2)');
@@ -102,14 +54,14 @@ t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', async (t) => {
   const hupAtUsec = process.hrtime.bigint() / 1000n;
   fwd.child.kill('SIGHUP');
   const reloading = await recv.waitFor(is('RELOADING=1'), beforeHup, 'RELOADING=1 after SIGHUP');
-  const mono = (recv.datagrams[reloading] as Datagram).assignments.find((a) => a.startsWith('MONOTONIC_USEC='));
+  const mono = (recv.datagrams[reloading] as NotifyDatagram).assignments.find((a) => a.startsWith('MONOTONIC_USEC='));
   t.ok(mono, 'RELOADING=1 carries MONOTONIC_USEC=');
   const monoUsec = BigInt(mono?.slice('MONOTONIC_USEC='.length).match(/^\d+$/)?.[0] ?? '0');
   const skewS = Number(monoUsec > hupAtUsec ? monoUsec - hupAtUsec : hupAtUsec - monoUsec) / 1e6;
   t.ok(skewS < 60, `MONOTONIC_USEC is CLOCK_MONOTONIC in µs (off from ours by ${skewS.toFixed(3)} s)`);
   const readyAgain = await recv.waitFor(is('READY=1'), reloading + 1, 'READY=1 after RELOADING=1');
   t.ok(reloading < readyAgain, 'RELOADING=1 then READY=1 around the reload');
-  t.match((recv.datagrams[readyAgain] as Datagram).assignments.find((a) => a.startsWith('STATUS=')), /\b2\b/);
+  t.match((recv.datagrams[readyAgain] as NotifyDatagram).assignments.find((a) => a.startsWith('STATUS=')), /\b2\b/);
 
   const wd3 = await recv.waitFor(is('WATCHDOG=1'), readyAgain + 1, 'WATCHDOG=1 pings to go on after the reload');
   t.ok(readyAgain < wd3, 'the watchdog keeps pinging after the reload');

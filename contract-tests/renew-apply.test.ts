@@ -418,6 +418,9 @@ t.test('--watch applies inbox files as they arrive, each one, in order', async (
   writeInbox(h, 'instance:inst-w.json', other);
   const otherFile = join(h.state, 'mcp-forwarder', 'inst-w.token');
   await pollUntil(() => existsSync(otherFile) && readText(otherFile) === `${other.token}\n`, 'the second slot to be applied');
+  // The file is written before its log line reaches us through the pipe; the lines come in
+  // order, so once this one is here, every earlier one is too.
+  await proc.waitForLog((l) => l.msg === APPLIED && l.tokenId === other.tokenId, 30_000);
 
   t.same(
     logsWith(proc, APPLIED).map((l) => l.tokenId),

@@ -246,8 +246,9 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   const credential = newCredential();
   const slot = 'instance:inst-load';
   // Renewal is due when a third of the lifetime is left: a token advertised to live 300 ms
-  // rotates every ~200 ms. The Gateway honours each for 1.5 s (see advertiseLifetime).
-  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 1_500, slots: [slot] });
+  // rotates every ~200 ms. The Gateway honours each for 5 s (see advertiseLifetime): on a
+  // busy 2-core machine one of the three processes was seen descheduled for over 1.2 s.
+  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 5_000, slots: [slot] });
   t.teardown(() => gw.close());
   const advertised = advertiseLifetime(gw.authority, 300);
   const upstream = await new CheckingUpstream(gw.authority, advertised).start();

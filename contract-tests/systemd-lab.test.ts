@@ -21,10 +21,11 @@ import {
 import { McpUpstream, type TokenVerdict } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
 import type { TapTest } from './helpers/tap-types.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
 
 /**
  * The units booted for real (SPEC §7, issue 5): `install` into a scratch root, the
- * installed units started under the workplace's throw-away systemd 252 (one boot), and
+ * installed units started under a throw-away systemd (test/tools/systemd-lab.sh, one boot), and
  * driven step by step from here through `nsenter`. The lab shares the host's loopback, so
  * the mock renewal Gateway, the MCP upstream and the MCP client all run in this process.
  *
@@ -130,7 +131,7 @@ function asUser(user: { uid: number; gid: number }, command: string): string {
 
 const skipReason = labSkipReason();
 
-t.test('systemd lab: installed units under a real systemd', { skip: skipReason ?? false, timeout: 170_000 }, async (t) => {
+t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 170_000 }, async (t) => {
   // ---- host side: ports, install, users, Gateway, upstream -------------------------------
   for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
     let free = await portFree(port);

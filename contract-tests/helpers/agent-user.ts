@@ -24,6 +24,13 @@ function lookup(name: string): AgentUser | undefined {
   return { name, uid: Number(u.stdout.trim()), gid: Number(g.stdout.trim()) };
 }
 
+/** An existing user (e.g. `nobody`) to run a process as with spawnAsAgent/runAsAgent; throws if there is none. */
+export function existingUser(name: string): AgentUser {
+  const found = lookup(name);
+  if (!found) throw new Error(`there is no user ${name} on this machine`);
+  return found;
+}
+
 /** Creates the agent user if it does not exist yet (needs root); returns its ids. */
 export function ensureAgentUser(name = AGENT_USER): AgentUser {
   const found = lookup(name);
@@ -66,6 +73,10 @@ let exitHook = false;
  * supplementary groups, no inheritable capabilities; non-interactive, no profile. The
  * script leads its own process group, so killGroup() also ends what it started (a
  * command looping through exec survives the death of the `sh -c` that forked it).
+ *
+ * It starts in `/` (opts.cwd otherwise) with exactly opts.env: the test's own directory
+ * and environment point into the checkout, which another user cannot enter when it is
+ * cloned somewhere private (a 0700 mktemp -d, anything under /root).
  */
 export function spawnAsAgent(user: AgentUser, script: string, opts: AgentRunOptions): ChildProcess {
   if (!exitHook) {

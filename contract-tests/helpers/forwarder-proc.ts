@@ -9,7 +9,6 @@ import { startProxy, type ProxyOptions, type ProxyProc } from '../../test/suppor
 export {
   CLI,
   CliProc,
-  NOTIFY_RECV,
   REPO_ROOT,
   allProcs,
   checkNoLeaks,

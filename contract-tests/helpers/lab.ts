@@ -1,20 +1,20 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { execa } from 'execa';
 import { REPO_ROOT } from './forwarder-proc.js';
 
 /**
- * The workplace's systemd lab (`../shared/systemd-lab/`, beside the repo; CI has a
- * read-only copy there): a throw-away systemd 252 booted as PID 1 of private namespaces.
- * These helpers boot it once, keep it up while a test drives it step by step through
- * `nsenter` (the same way the lab script runs its own command), and tear it down.
+ * The project's systemd lab (`test/tools/systemd-lab.sh`, see docs/testing.md): a
+ * throw-away systemd booted as PID 1 of private namespaces. These helpers boot it once,
+ * keep it up while a test drives it step by step through `nsenter` (the same way the lab
+ * script runs its own command), and tear it down.
  */
-export const LAB_DIR = process.env.SYSTEMD_LAB_DIR ?? resolve(REPO_ROOT, '../shared/systemd-lab');
-export const LAB_SCRIPT = join(LAB_DIR, 'lab-systemd.sh');
-export const VERIFY_UNITS = join(LAB_DIR, 'verify-units.sh');
+export const TOOLS_DIR = join(REPO_ROOT, 'test/tools');
+export const LAB_SCRIPT = join(TOOLS_DIR, 'systemd-lab.sh');
+export const VERIFY_UNITS = join(TOOLS_DIR, 'verify-units.sh');
 
 /** The units' fixed loopback ports (shared with the host: the lab shares its network). */
 export const FORWARDER_PORT = 14323;
@@ -30,10 +30,21 @@ export interface RunResult {
   timedOut: boolean;
 }
 
+/**
+ * `env -i` and the given variables, then `file`: tap's spawn hooks add NODE_OPTIONS (a
+ * loader inside the checkout) to whatever environment a child is given, and a node started
+ * inside the lab, where the checkout may be hidden under its private /tmp, would die on it.
+ */
+function cleanCommand(file: string, args: readonly string[], env: Record<string, string | undefined> = {}): [string, string[]] {
+  const pairs = Object.entries({ ...CLEAN_ENV, ...env }).map(([k, v]) => `${k}=${v ?? ''}`);
+  return ['/usr/bin/env', ['-i', ...pairs, file, ...args]];
+}
+
 /** Runs a host command to the end with a clean environment; never throws for a non-zero exit. */
 export async function run(file: string, args: readonly string[], opts: { env?: Record<string, string>; timeoutMs?: number; cwd?: string } = {}): Promise<RunResult> {
-  const r = await execa(file, args, {
-    env: { ...CLEAN_ENV, ...opts.env },
+  const [envFile, envArgs] = cleanCommand(file, args, opts.env);
+  const r = await execa(envFile, envArgs, {
+    env: {},
     extendEnv: false,
     reject: false,
     stdin: 'ignore',
@@ -44,17 +55,24 @@ export async function run(file: string, args: readonly string[], opts: { env?: R
   return { code: r.exitCode, stdout: String(r.stdout), stderr: String(r.stderr), timedOut: Boolean(r.timedOut) };
 }
 
+/** The first of `commands` not found in the clean PATH, if any. */
+function missingCommand(commands: readonly string[]): string | undefined {
+  const dirs = CLEAN_ENV.PATH!.split(':');
+  return commands.find((c) => !dirs.some((d) => existsSync(join(d, c))));
+}
+
 /** Why the lab cannot run here, or undefined when it can. */
 export function labSkipReason(): string | undefined {
   if (process.getuid?.() !== 0) return 'the systemd lab needs root (CI runs as root)';
-  if (!existsSync(LAB_SCRIPT)) return `the systemd lab is not at ${LAB_SCRIPT} (expected ../shared/systemd-lab beside the repo)`;
+  if (!existsSync('/lib/systemd/systemd')) return 'the systemd lab needs systemd installed (/lib/systemd/systemd; Debian: apt-get install systemd)';
+  const tool = missingCommand(['unshare', 'nsenter', 'script', 'timeout', 'systemctl', 'journalctl', 'systemd-sysusers', 'setpriv', 'curl']);
+  if (tool) return `the systemd lab needs ${tool}, which is not installed (.ci/run lists the packages)`;
   return undefined;
 }
 
 /** Why `systemd-analyze` checks cannot run here, or undefined when they can. */
 export function verifySkipReason(): string | undefined {
-  if (!existsSync(VERIFY_UNITS)) return `verify-units.sh is not at ${VERIFY_UNITS} (expected ../shared/systemd-lab beside the repo)`;
-  if (!['/usr/bin/systemd-analyze', '/bin/systemd-analyze'].some((p) => existsSync(p))) return 'systemd-analyze is not installed';
+  if (missingCommand(['systemd-analyze'])) return 'systemd-analyze is not installed (Debian: apt-get install systemd)';
   return undefined;
 }
 
@@ -191,15 +209,22 @@ export class Lab {
 
   static async boot(opts: LabOptions): Promise<Lab> {
     const stopFile = join(opts.work, 'lab-stop');
-    const child = spawn('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
-      env: { ...CLEAN_ENV, UNIT_DIR: opts.unitDir, APP_DIR: opts.appDir, APP_MOUNT: opts.appMount, WORK: opts.work, RUN_TIMEOUT: String((opts.limitS ?? 170) - 10) },
+    const [file, args] = cleanCommand('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
+      UNIT_DIR: opts.unitDir,
+      APP_DIR: opts.appDir,
+      APP_MOUNT: opts.appMount,
+      WORK: opts.work,
+      RUN_TIMEOUT: String((opts.limitS ?? 170) - 10),
+    });
+    const child = spawn(file, args, {
+      env: {},
       stdio: ['ignore', 'pipe', 'pipe'],
       cwd: opts.work,
     });
     const lab = new Lab(opts, child);
     const deadline = Date.now() + 40_000;
     for (;;) {
-      const line = lab.output.find((l) => l.startsWith('# lab systemd host-pid='));
+      const line = lab.output.find((l) => l.startsWith('# systemd-lab host-pid='));
       const m = line ? /host-pid=(\d+) state=(\S*)/.exec(line) : null;
       if (m) {
         lab.hostPid = Number(m[1]);

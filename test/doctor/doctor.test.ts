@@ -10,6 +10,7 @@ import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, writeToken } from '../supp
 import { startProxy, type ProxyProc } from '../support/proxy-rig.js';
 import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
+import { unlessMissing } from '../tools/prerequisite.js';
 
 /*
  * Issue 5 item 4: `agent-connectors doctor` checks users/groups, directory and file owners
@@ -23,8 +24,9 @@ const isRoot = process.getuid?.() === 0;
 const SYSUSERS = join(REPO_ROOT, 'units/sysusers.d/agent-connectors.conf');
 const AGENT = 'nobody';
 
+const needsRoot = { skip: unlessMissing(t, isRoot ? undefined : 'needs root (users, chown, setpriv)') };
 function test(name: string, fn: (t: TapTest) => Promise<void>): void {
-  t.test(name, { skip: isRoot ? false : 'needs root (users, chown, setpriv)' }, fn);
+  t.test(name, needsRoot, fn);
 }
 
 interface Ids {
@@ -169,7 +171,15 @@ const problems = (r: { findings: Finding[] }): Finding[] => r.findings.filter((f
 
 /** Runs a shell command as `nobody` (no groups): can the Agent UID really read `path`? */
 function nobodyCanRead(path: string): boolean {
-  const r = spawnSync('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', 'cat', path], { encoding: 'utf8' });
+  // From / with nothing of the test's environment (env -i first: tap's spawn hooks add to
+  // any env given here), like any process a test runs as another user.
+  const r = spawnSync('/usr/bin/env', ['-i', 'PATH=/usr/bin:/bin', 'setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups', 'cat', path], {
+    encoding: 'utf8',
+    cwd: '/',
+    env: {},
+  });
+  // Only "cannot read" means no: setpriv or cat failing for another reason is an error.
+  if (r.status !== 0 && !/Permission denied/.test(r.stderr)) throw new Error(`setpriv cat ${path} as nobody failed (${r.status ?? r.signal}): ${r.stderr}`);
   return r.status === 0;
 }
 

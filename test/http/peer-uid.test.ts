@@ -1,11 +1,12 @@
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type AddressInfo, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
+import { existingUser, killGroup, spawnAsAgent } from '../../contract-tests/helpers/agent-user.js';
 import { peerUid } from '../../src/http/peer-uid.js';
+import { unlessMissing } from '../tools/prerequisite.js';
 
 /*
  * Synthetic /proc/net/tcp{,6} tables in the kernel's own format (net/ipv4/tcp_ipv4.c
@@ -230,7 +231,7 @@ t.test('real: a loopback TCP connection from this process → process.getuid()',
   t.equal(uid, process.getuid?.());
 });
 
-t.test('real: ::1', { skip: (await hasIPv6Loopback()) ? false : 'no IPv6 loopback here' }, async (t) => {
+t.test('real: ::1', { skip: unlessMissing(t, (await hasIPv6Loopback()) ? undefined : 'no IPv6 loopback here') }, async (t) => {
   const server = await listenOn('::1');
   const { uid } = await realPeerUid(server, connectFrom(server, '::1'));
   t.equal(uid, process.getuid?.());
@@ -257,18 +258,28 @@ t.test('real: server on 127.0.0.1, client a dual-stack socket connecting to ::ff
   t.equal(uid, process.getuid?.(), 'the AF_INET6 client socket is found (it is in /proc/net/tcp6, mapped)');
 });
 
-t.test('real: a connection from another user (nobody, via setpriv) → that user\'s uid', { skip: process.getuid?.() === 0 ? false : 'needs root to switch to nobody' }, async (t) => {
+t.test('real: a connection from another user (nobody, via setpriv) → that user\'s uid', { skip: unlessMissing(t, process.getuid?.() === 0 ? undefined : 'needs root to switch to nobody') }, async (t) => {
   const server = await listenOn('127.0.0.1');
   const port = (server.address() as AddressInfo).port;
-  const script = `const s=require('net').connect(${port},'127.0.0.1');s.on('error',()=>process.exit(3));setTimeout(()=>process.exit(0),10000);process.stdin.on('data',()=>{});process.stdin.on('end',()=>process.exit(0));`;
-  const { uid } = await realPeerUid(server, () => {
-    const child = spawn('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, '-e', script], {
-      stdio: ['pipe', 'ignore', 'inherit'],
-    });
-    t.teardown(() => {
-      child.stdin?.end();
-      child.kill('SIGKILL');
-    });
+  // The client holds its connection open until its stdin closes (at teardown).
+  const script = `const s=require('net').connect(${port},'127.0.0.1');s.on('error',(e)=>{console.error(e.message);process.exit(3)});process.stdin.resume();process.stdin.on('end',()=>process.exit(0));`;
+  const accepted = once(server, 'connection') as Promise<[Socket]>;
+  const child = spawnAsAgent(existingUser('nobody'), 'exec "$@"', { env: { PATH: '/usr/bin:/bin' }, args: [process.execPath, '-e', script] });
+  t.teardown(() => {
+    child.stdin?.end();
+    killGroup(child);
   });
+  let stderr = '';
+  child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+  let connected = false;
+  // A client that cannot start (or connect) fails the test now, not at the file's timeout.
+  const died = once(child, 'close').then(([code, signal]) => {
+    if (!connected) throw new Error(`the client as nobody exited (${String(code ?? signal)}) before it connected: ${stderr}`);
+    return [] as never;
+  });
+  const [s] = await Promise.race([accepted, died]);
+  connected = true;
+  t.teardown(() => s.destroy());
+  const uid = await peerUid(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0);
   t.equal(uid, 65534, 'the uid of nobody');
 });

@@ -1,73 +1,33 @@
-import { fileURLToPath } from 'node:url';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { createNotifier } from '../../src/service/sd-notify.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
 import { memoryLogger } from '../helpers/memory-log.js';
-import { eventually } from '../helpers/poll.js';
+import { NotifyReceiver, notifyReceiverMissing, systemdNotifyMissing, type NotifyDatagram } from '../tools/notify-receiver.js';
+import { unlessMissing } from '../tools/prerequisite.js';
 
-// CI has a read-only copy of the workplace's ../shared beside the repository.
-const RECEIVER =
-  process.env.NOTIFY_RECV_PY ?? fileURLToPath(new URL('../../../../shared/systemd-lab/notify-recv.py', import.meta.url));
+const needsReceiver = { skip: unlessMissing(t, notifyReceiverMissing() ?? systemdNotifyMissing()) };
 
-/** Un-escapes the Python repr notify-recv.py prints for each datagram. */
-function unrepr(repr: string): string {
-  const body = repr.slice(1, -1);
-  return body.replace(/\\(x[0-9a-fA-F]{2}|.)/g, (_m, e: string) => {
-    if (e === 'n') return '\n';
-    if (e === 'r') return '\r';
-    if (e === 't') return '\t';
-    if (e.startsWith('x')) return String.fromCharCode(parseInt(e.slice(1), 16));
-    return e;
-  });
-}
-
-interface Receiver {
-  socket: string;
-  /** Every datagram's assignments, in arrival order, BARRIER=1 datagrams left out. */
-  datagrams: string[][];
-  proc: ChildProcess;
-}
-
-async function startReceiver(t: TapTest): Promise<Receiver> {
+/** A NOTIFY_SOCKET receiver (test/tools/notify-recv.py) in a fresh directory, closed at teardown. */
+async function startReceiver(t: TapTest): Promise<NotifyReceiver> {
   const d = mkdtempSync(join(tmpdir(), 'ac-notify-'));
-  const socket = join(d, 'notify.sock');
-  const proc = spawn('python3', [RECEIVER, socket, '30'], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const datagrams: string[][] = [];
-  const exited = once(proc, 'exit');
-  t.teardown(async () => {
-    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
-    await exited;
-    rmSync(d, { recursive: true, force: true });
-  });
-  let listening!: () => void;
-  const ready = new Promise<void>((r) => (listening = r));
-  createInterface({ input: proc.stdout! }).on('line', (line) => {
-    if (line.startsWith('listening on')) listening();
-    const m = / msg=(.*)$/.exec(line);
-    if (!m?.[1]) return;
-    const lines = unrepr(m[1]).split('\n').filter((l) => l !== '');
-    if (lines.length === 1 && lines[0] === 'BARRIER=1') return;
-    datagrams.push(lines);
-  });
-  await Promise.race([
-    ready,
-    exited.then(() => {
-      throw new Error('notify receiver exited early');
-    }),
-  ]);
-  return { socket, datagrams, proc };
+  t.teardown(() => rmSync(d, { recursive: true, force: true }));
+  const rx = await NotifyReceiver.start(join(d, 'notify.sock'));
+  t.teardown(() => rx.close());
+  return rx;
 }
 
-/** The assignments of all datagrams, minus MAINPID= (added by systemd-notify --pid). */
-function assignments(dg: string[]): string[] {
-  return dg.filter((l) => !l.startsWith('MAINPID='));
+/** The assignments of a datagram, minus MAINPID= (added by systemd-notify --pid). */
+function assignments(dg: NotifyDatagram): string[] {
+  return dg.assignments.filter((l) => !l.startsWith('MAINPID='));
+}
+
+/** Waits until `n` datagrams have arrived. */
+function received(rx: NotifyReceiver, n: number): Promise<number> {
+  return rx.waitFor(() => true, n - 1, `datagram #${n}`);
 }
 
 t.test('without NOTIFY_SOCKET every call is a no-op', async (t) => {
@@ -87,17 +47,17 @@ t.test('without NOTIFY_SOCKET every call is a no-op', async (t) => {
   t.strictSame(records, [], 'nothing attempted, nothing logged');
 });
 
-t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPPING arrive in order', async (t) => {
+t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPPING arrive in order', needsReceiver, async (t) => {
   const rx = await startReceiver(t);
   const { log, records } = memoryLogger();
-  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket }, log });
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath }, log });
   t.equal(n.enabled, true);
   await n.ready('serving 2 instances');
   await n.reloading();
   await n.ready('serving 3 instances');
   await n.status('still serving 3 instances');
   await n.stopping();
-  t.ok(await eventually(() => rx.datagrams.length >= 5), `5 datagrams arrived (${JSON.stringify(rx.datagrams)})`);
+  await received(rx, 5);
   const got = rx.datagrams.map(assignments);
   t.strictSame(got[0], ['READY=1', 'STATUS=serving 2 instances']);
   t.equal(got[1]?.[0], 'RELOADING=1');
@@ -114,12 +74,12 @@ t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPP
   t.strictSame(records.filter((r) => r.level >= 40), [], 'no warnings');
 });
 
-t.test('a status containing newlines is sent as one line: no injected assignment', async (t) => {
+t.test('a status containing newlines is sent as one line: no injected assignment', needsReceiver, async (t) => {
   const rx = await startReceiver(t);
-  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket } });
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath } });
   await n.ready('line one\nERRNO=5\r\nSTOPPING=1');
   await n.status('a\rWATCHDOG=trigger');
-  t.ok(await eventually(() => rx.datagrams.length >= 2));
+  await received(rx, 2);
   const [first, second] = rx.datagrams.map(assignments);
   t.equal(first?.length, 2, `READY and one STATUS line only: ${JSON.stringify(first)}`);
   t.equal(first?.[0], 'READY=1');
@@ -128,14 +88,14 @@ t.test('a status containing newlines is sent as one line: no injected assignment
   t.notOk(first?.includes('STOPPING=1'), 'no STOPPING= assignment');
   t.equal(second?.length, 1);
   t.match(second?.[0] ?? '', /^STATUS=a.*WATCHDOG=trigger$/);
-  for (const dg of rx.datagrams) for (const l of dg) t.notMatch(l, /\r/, 'no CR survives');
+  for (const dg of rx.datagrams) t.notMatch(dg.raw, /\r/, 'no CR survives');
 });
 
-t.test('watchdog pings at half of WATCHDOG_USEC and stops when told', async (t) => {
+t.test('watchdog pings at half of WATCHDOG_USEC and stops when told', needsReceiver, async (t) => {
   const rx = await startReceiver(t);
-  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socket, WATCHDOG_USEC: '400000', WATCHDOG_PID: String(process.pid) } });
+  const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath, WATCHDOG_USEC: '400000', WATCHDOG_PID: String(process.pid) } });
   const stop = n.startWatchdog();
-  t.ok(await eventually(() => rx.datagrams.filter((d) => assignments(d).includes('WATCHDOG=1')).length >= 3), 'WATCHDOG=1 repeats');
+  await received(rx, 3);
   stop();
   for (const dg of rx.datagrams) t.strictSame(assignments(dg), ['WATCHDOG=1']);
 });

@@ -8,8 +8,6 @@ import type { TapTest } from './tap.js';
 /** Tests run compiled from build/test/support, three levels below the repository. */
 export const REPO_ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
 export const CLI = join(REPO_ROOT, 'dist/cli.js');
-/** The workplace's fake NOTIFY_SOCKET receiver; CI has a read-only copy of ../shared beside the repo. */
-export const NOTIFY_RECV = process.env.NOTIFY_RECV_PY ?? resolve(REPO_ROOT, '../shared/systemd-lab/notify-recv.py');
 
 export interface LogLine {
   msg?: string;
@@ -128,7 +126,9 @@ export const allProcs: CliProc[] = [];
 
 /** Starts the built CLI (not under systemd: NOTIFY_SOCKET cleared unless `env` sets it). */
 export function startCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
-  const child = spawn(process.execPath, [CLI, ...args], {
+  // `env -u NODE_OPTIONS`: tap's spawn hook puts its loaders into every child's
+  // NODE_OPTIONS, which doubles a CLI's start-up; the product needs none of them.
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, ...args], {
     env: { ...process.env, NOTIFY_SOCKET: '', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

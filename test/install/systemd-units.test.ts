@@ -1,9 +1,10 @@
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import t from 'tap';
-import { renderUnit } from '../src/install/install.js';
-import { CLI, REPO_ROOT, tempDir } from './helpers/forwarder-proc.js';
-import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from './helpers/lab.js';
+import { CLI, REPO_ROOT, tempDir } from '../../contract-tests/helpers/forwarder-proc.js';
+import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../../contract-tests/helpers/lab.js';
+import { renderUnit } from '../../src/install/install.js';
+import { unlessMissing } from '../tools/prerequisite.js';
 
 /**
  * The shipped units/ without booting anything: `systemd-analyze verify` of every rendered
@@ -67,8 +68,9 @@ function actionsOf(stdout: string): Action[] {
 }
 
 const skip = verifySkipReason();
+const skipOption = unlessMissing(t, skip);
 
-t.test('every unit renders and passes systemd-analyze verify with no output', { skip: skip ?? false }, async (t) => {
+t.test('every unit renders and passes systemd-analyze verify with no output', { skip: skipOption }, async (t) => {
   t.same(UNIT_NAMES.filter((n) => n.endsWith('.target')).length, 1, 'one target groups the services');
   const dir = renderAll(REPO_ROOT, process.execPath);
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
@@ -82,7 +84,7 @@ t.test('every unit renders and passes systemd-analyze verify with no output', { 
   t.equal(r.stdout.trim(), `verify: clean (${UNIT_NAMES.length} units)`, `no warning for any of the ${UNIT_NAMES.length} units:\n${r.stdout}`);
 });
 
-t.test('each service keeps its recorded systemd-analyze security exposure (≤ 2.0)', { skip: skip ?? false }, async (t) => {
+t.test('each service keeps its recorded systemd-analyze security exposure (≤ 2.0)', { skip: skipOption }, async (t) => {
   const recorded = JSON.parse(readFileSync(SCORES_FILE, 'utf8')) as RecordedScores;
   const version = await systemdVersion();
   const sameVersion = version === recorded.systemdVersion;
