@@ -21,6 +21,7 @@ import {
 } from './helpers/forwarder-proc.js';
 import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import { until } from '../test/support/poll.js';
 import { pollUntil } from './helpers/sse-client.js';
 import type { TapTest } from './helpers/tap-types.js';
 
@@ -94,7 +95,9 @@ function checkBearer(
   const exp = advertised.get(token);
   if (valid) return { ok: true, tokenId: valid.tokenId, lateMs: exp === undefined ? 0 : Math.max(0, Date.now() - exp) };
   if (!TOKEN_SHAPE.test(token)) return { ok: false, problem: `partial or malformed token (${token.length} chars)` };
-  return { ok: false, problem: exp !== undefined ? `expired (${Date.now() - exp} ms after its advertised expiry)` : 'unknown token' };
+  // The Gateway honours only a slot's newest token: a refused token it minted was
+  // superseded by a renewal (the forwarder's 401 bridge retries those) or has expired.
+  return { ok: false, problem: exp !== undefined ? 'superseded or expired' : 'unknown token' };
 }
 
 async function listen(server: Server): Promise<number> {
@@ -310,13 +313,19 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   t.same(failures.slice(0, 10), [], 'no client request failed (first failures shown)');
   t.equal(statuses.get(200), requests, 'every client request answered 200');
   t.same(
-    upstream.invalid.slice(0, 10).map((s) => s.problem),
+    upstream.invalid.filter((s) => s.problem !== 'superseded or expired').slice(0, 10).map((s) => s.problem),
     [],
-    'every upstream request carried a complete, valid token (first problems shown)',
+    'every upstream request carried a complete token the Gateway had minted (first problems shown)',
   );
   t.ok(upstream.tokenIds.size >= 50, `the upstream saw the rotation (${upstream.tokenIds.size} distinct tokens)`);
   t.equal(gw.authority.stats().conflicts, 0, 'no CAS conflict: fetch always knew the applied token');
-  t.equal(upstream.seen.length, requests, 'one upstream request per client request (no 401 retries needed)');
+  // Strict Gateway: a request sent between a mint and apply's rename is refused (401) and
+  // the forwarder retries it once with the renewed token; no other request is sent twice.
+  t.equal(upstream.seen.length, requests + upstream.invalid.length, 'one upstream request per client request, plus one retry per refused one');
+  // Access lines are written in batches: wait for the last one before counting.
+  await until(() => fwd.logs.filter((l) => l.msg === 'access').length >= requests, 'every access line');
+  const retried = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length;
+  t.equal(retried, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried})`);
 
   await stopRenewal(t, renewal);
   const applied = renewal.apply.logs.filter((l) => l.msg === 'token applied').length;
