@@ -215,7 +215,7 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   if (o.systemd && !(await stat('/run/systemd/system').catch(() => undefined))) {
     add('warn', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
   } else if (o.systemd) {
-    for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.path']) {
+    for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.service']) {
       const active = await execa('systemctl', ['is-active', unit], { reject: false });
       const state = active.stdout.trim() || 'unknown';
       if (state === 'active') add('ok', 'units', `${unit} active`);

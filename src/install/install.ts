@@ -49,6 +49,12 @@ export interface Action {
   path: string;
 }
 
+/**
+ * Units an earlier version installed that this one no longer ships: removed by install
+ * (an upgrade must not leave one enabled or triggering) and by uninstall.
+ */
+export const RETIRED_UNITS = ['agent-connectors-renew-apply.path'] as const;
+
 async function unitFiles(): Promise<string[]> {
   return (await readdir(join(PACKAGE_ROOT, 'units'))).filter((n) => /\.(service|path|timer|target)$/.test(n)).sort();
 }
@@ -84,6 +90,10 @@ export async function install(options: InstallOptions): Promise<Action[]> {
       await mkdir(at(l.unitDir), { recursive: true });
       await atomicWrite(at(join(l.unitDir, name)), renderUnit(text, l.libDir, options.node), { mode: 0o644 });
     });
+  }
+  for (const name of RETIRED_UNITS) {
+    const path = join(l.unitDir, name);
+    if (await lstat(at(path)).catch(() => undefined)) await act('remove retired unit', path, () => rm(at(path), { force: true }));
   }
   for (const [src, dest] of [
     ['units/sysusers.d/agent-connectors.conf', l.sysusers],
@@ -121,7 +131,7 @@ export async function uninstall(options: UninstallOptions): Promise<Action[]> {
     actions.push({ what, path });
     if (!options.dryRun) await rm(at(path), { recursive: true, force: true });
   };
-  for (const name of await unitFiles()) await remove('remove unit', join(l.unitDir, name));
+  for (const name of [...(await unitFiles()), ...RETIRED_UNITS]) await remove('remove unit', join(l.unitDir, name));
   await remove('remove config', l.sysusers);
   await remove('remove config', l.tmpfiles);
   await remove('remove CLI link', l.binLink);

@@ -16,9 +16,11 @@ export interface ApplyConfig {
 }
 
 /**
- * renew apply: hand-off → token file. One-shot for a systemd `.path` trigger, or
- * `--watch` (chokidar on inbox/) for hosts without systemd and for `dev`; both on the one
- * loop, so either stops on SIGTERM, even while waiting for another apply's lock.
+ * renew apply: hand-off → token file. `--watch` (chokidar on inbox/) is how it runs: the
+ * systemd unit, `dev`, hosts without systemd; a new token is renamed into place as soon as
+ * fetch hands it over. One-shot (no --watch) applies what is there and exits, for scripts
+ * and recovery. Both on the one loop, so either stops on SIGTERM, even while waiting for
+ * another apply's lock.
  */
 export function createApplyService(config: ApplyConfig): Service {
   return {
@@ -58,22 +60,27 @@ export function createApplyService(config: ApplyConfig): Service {
         watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
         await new Promise<void>((r) => watcher.once('ready', () => r()));
         await notifier.ready('watching inbox');
-        await runLoop({
-          name: 'renew-apply',
-          log,
-          signal,
-          step: async () => {
-            await applyAll();
-            return config.rescanMs;
-          },
-          subscribeWake: (wake) => {
-            watcher.on('add', wake).on('change', wake).on('raw', wake);
-            return onReload(() => {
-              log.info('SIGHUP: rescanning the inbox');
-              wake();
-            });
-          },
-        });
+        const stopWatchdog = notifier.startWatchdog();
+        try {
+          await runLoop({
+            name: 'renew-apply',
+            log,
+            signal,
+            step: async () => {
+              await applyAll();
+              return config.rescanMs;
+            },
+            subscribeWake: (wake) => {
+              watcher.on('add', wake).on('change', wake).on('raw', wake);
+              return onReload(() => {
+                log.info('SIGHUP: rescanning the inbox');
+                wake();
+              });
+            },
+          });
+        } finally {
+          stopWatchdog();
+        }
       } finally {
         await watcher.close();
       }

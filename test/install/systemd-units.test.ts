@@ -215,3 +215,16 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     t.same(filesUnder(root), [], 'nothing is left');
   });
 });
+
+t.test('an upgrade removes a unit an earlier version installed (the .path trigger of a one-shot apply)', async (t) => {
+  const root = tempDir('ac-upgrade-');
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const retired = join(root, '/etc/systemd/system/agent-connectors-renew-apply.path');
+  mkdirSync(dirname(retired), { recursive: true });
+  writeFileSync(retired, '[Path]\nPathChanged=/var/lib/agent-connectors/handoff/inbox\n');
+  const r = await run(process.execPath, [CLI, 'install', '--root', root, '--no-activate', '--node', process.execPath], { timeoutMs: 120_000 });
+  t.equal(r.code, 0, `install exits 0${r.code === 0 ? '' : `: ${r.stderr}`}`);
+  t.match(r.stdout, /remove retired unit\s+\/etc\/systemd\/system\/agent-connectors-renew-apply\.path/, 'it says so');
+  t.notOk(existsSync(retired), 'the retired unit is gone');
+  t.match(readFileSync(join(root, '/etc/systemd/system/agent-connectors.target'), 'utf8'), /agent-connectors-renew-apply\.service/, 'the target now wants the apply service');
+});
