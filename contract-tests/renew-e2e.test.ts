@@ -51,6 +51,17 @@ function newCredential(): string {
  * a timing assertion a loaded CI host cannot keep. How late tokens actually arrived
  * (after the advertised expiry) is measured and reported, not asserted.
  */
+/** The p-th percentile (nearest rank) of `values`, rounded to 0.1 ms; NaN for none. */
+function pct(values: number[], p: number): number {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  const v = sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? Number.NaN;
+  return Math.round(v * 10) / 10;
+}
+
+/** When the Gateway minted each token id (first answer only; replays repeat it). */
+const mintTimes = new Map<string, number>();
+
 function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map<string, number> {
   const advertised = new Map<string, number>();
   const renew = authority.renew.bind(authority);
@@ -58,6 +69,7 @@ function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map
     const result = renew(slot, bearer, body);
     if (result.status === 200 && 'token' in result.body) {
       knownSecrets.add(result.body.token);
+      if (!mintTimes.has(result.body.tokenId)) mintTimes.set(result.body.tokenId, Date.now());
       // Deterministic per answer, so a replayed requestId gets the same body.
       const mintedAt = Date.parse(result.body.expiresAt) - authority.tokenLifetimeMs;
       const expiresAt = mintedAt + advertisedMs;
@@ -326,6 +338,21 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   await until(() => fwd.logs.filter((l) => l.msg === 'access').length >= requests, 'every access line');
   const retried = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length;
   t.equal(retried, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried})`);
+
+  // The rotation window (SPEC §4): from the Gateway minting a token (the old one refused
+  // from then on) to apply's rename putting the new one in place; and what it cost the
+  // requests that met it.
+  const windows = renewal.apply.logs
+    .filter((l) => l.msg === 'token applied' && typeof l.tokenId === 'string' && mintTimes.has(l.tokenId))
+    .map((l) => Date.parse(String(l.time)) - (mintTimes.get(String(l.tokenId)) ?? 0));
+  const access = fwd.logs.filter((l) => l.msg === 'access');
+  const durations = (retried: boolean): number[] => access.filter((l) => (l.retried === true) === retried).map((l) => Number(l.durationMs));
+  t.comment(
+    `rotation window mint → rename over ${windows.length} rotations: p50 ${pct(windows, 50)} ms, p99 ${pct(windows, 99)} ms, max ${pct(windows, 100)} ms; ` +
+      `request duration p50/p99: ${pct(durations(false), 50)}/${pct(durations(false), 99)} ms, ` +
+      `${durations(true).length} that met a rotation ${pct(durations(true), 50)}/${pct(durations(true), 99)} ms`,
+  );
+  t.ok(windows.length >= 100, 'the window was measured for every rotation');
 
   await stopRenewal(t, renewal);
   const applied = renewal.apply.logs.filter((l) => l.msg === 'token applied').length;
