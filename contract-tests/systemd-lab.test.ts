@@ -258,7 +258,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
 
   await step('tmpfiles.d creates the state directories with the modes of SPEC §2', async (tt) => {
     await lab.sh(`systemd-tmpfiles --create ${tmpfilesConf}`);
-    const modes = await lab.sh(`stat -c '%n %a %U %G' ${STATE} ${STATE}/mcp-forwarder ${STATE}/cli-proxy ${STATE}/handoff ${STATE}/handoff/inbox ${STATE}/handoff/slots`);
+    const modes = await lab.sh(`stat -c '%n %a %U %G' ${STATE} ${STATE}/mcp-forwarder ${STATE}/cli-proxy ${STATE}/handoff ${STATE}/handoff/inbox ${STATE}/handoff/slots /var/lib/agent-connectors-shims`);
     tt.same(modes.trim().split('\n'), [
       `${STATE} 750 ${SVC} agent-connectors-renew`,
       `${STATE}/mcp-forwarder 700 ${SVC} ${SVC}`,
@@ -266,7 +266,8 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       `${STATE}/handoff 2770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/inbox 2770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/slots 2770 ${SVC} agent-connectors-renew`,
-    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group');
+      `/var/lib/agent-connectors-shims 755 ${SVC} ${SVC}`,
+    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group, the shim directory 0755 outside the state root');
     // A provider catalog and its token for cli-proxy, written by root as an operator would.
     const catalog = JSON.stringify({
       labcli: {

@@ -2,7 +2,7 @@ import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
 import { readCatalog } from '../data/catalog.js';
 import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
-import { stateLayout } from '../data/state-layout.js';
+import { stateLayout, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { parseListen } from '../http/loopback.js';
 import { handoffPaths } from '../data/handoff.js';
@@ -18,7 +18,7 @@ export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
 export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
 
 export function defaultShimDir(stateDir: string): string {
-  return process.getuid?.() === 0 ? '/usr/local/lib/agent-connectors/shims' : stateLayout(stateDir).shims;
+  return process.getuid?.() === 0 ? SYSTEM_SHIM_DIR : stateLayout(stateDir).shims;
 }
 
 /** How to give an agent the shim directory (it needs only that directory first on PATH). */
@@ -54,7 +54,7 @@ export function registerCliProxyCommands(program: Command): void {
   shims
     .command('install')
     .description('write one shim per catalog command into the shim directory (and remove stale ones)')
-    .option('--dir <dir>', 'shim directory (default: /usr/local/lib/agent-connectors/shims as root, else <state>/shims)')
+    .option('--dir <dir>', `shim directory (default: ${SYSTEM_SHIM_DIR} as root, else <state>/shims)`)
     .option('--proxy-url <url>', 'cli-proxy base URL baked into the shims', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
     .option('--state-dir <dir>', 'state root')
     .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')

@@ -14,6 +14,13 @@ export function resolveStateDir(flag: string | undefined, env: NodeJS.ProcessEnv
   return join(xdg, 'agent-connectors');
 }
 
+/**
+ * The shim directory of a system install: outside the installed package (an upgrade
+ * replaces that) and outside the state root (which the Agent UID cannot enter); created
+ * by tmpfiles.d, kept by uninstall without purge.
+ */
+export const SYSTEM_SHIM_DIR = '/var/lib/agent-connectors-shims';
+
 /** Every path under the state root, named once (SPEC §2). Commands' flags may override single entries. */
 export interface StateLayout {
   root: string;

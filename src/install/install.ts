@@ -2,6 +2,7 @@ import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from '
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
+import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 
 /** Where the running package lives (the directory holding package.json and dist/). */
@@ -138,6 +139,7 @@ export async function uninstall(options: UninstallOptions): Promise<Action[]> {
   if (resolve(at(l.libDir)) !== PACKAGE_ROOT) await remove('remove package', l.libDir);
   if (options.purge) {
     await remove('purge state', '/var/lib/agent-connectors');
+    await remove('purge state', SYSTEM_SHIM_DIR);
     await remove('purge state', '/var/lib/private/agent-connectors-renew-fetch');
     await remove('purge state', '/var/lib/agent-connectors-renew-fetch');
   }

@@ -1,7 +1,10 @@
 import { chmod, lstat, mkdir, readdir, readFile, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, relative, resolve, isAbsolute } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Catalog } from '../data/catalog.js';
+import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { renderShims, SHIM_MARKER } from './render.js';
 
 export interface InstallResult {
@@ -15,6 +18,7 @@ export interface InstallResult {
  * touched.
  */
 export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
+  refuseInsidePackage(dir);
   // The Agent UID must be able to enter it whatever our umask (SPEC §2: 0755).
   if ((await mkdir(dir, { recursive: true, mode: 0o755 })) !== undefined) await chmod(dir, 0o755);
   const shims = renderShims(catalog, dir, proxyUrl);
@@ -30,10 +34,26 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
     // Only regular files: an operator's symlink to a shim is theirs, and a FIFO would block.
     if (!(await lstat(join(dir, name)).catch(() => undefined))?.isFile()) continue;
     const head = await readFile(join(dir, name), 'utf8').then((t) => t.slice(0, 200)).catch(() => '');
-    if (head.includes(SHIM_MARKER)) {
+    // Ours only if the marker names this very file: the prototype (and any copy of it)
+    // carries the marker too, with a placeholder for the name.
+    if (head.includes(`${SHIM_MARKER} ${name} (provider `)) {
       await unlink(join(dir, name));
       removed.push(name);
     }
   }
   return { written, removed };
+}
+
+/** The installed package (dist/shims/install.js → the package root). */
+const PACKAGE_ROOT = resolve(fileURLToPath(new URL('../../', import.meta.url)));
+
+/**
+ * An upgrade replaces the installed package whole, so shims inside it would vanish
+ * silently, and the sweep there once deleted the shim prototype itself.
+ */
+function refuseInsidePackage(dir: string): void {
+  const rel = relative(PACKAGE_ROOT, resolve(dir));
+  if (rel === '' || (!rel.startsWith('..') && !isAbsolute(rel))) {
+    throw new ConfigError(`the shim directory ${resolve(dir)} is inside the installed package (${PACKAGE_ROOT}), which an upgrade replaces; choose another --dir (default as root: ${SYSTEM_SHIM_DIR})`);
+  }
 }

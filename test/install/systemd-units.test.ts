@@ -170,7 +170,7 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     t.same(readdirSync(dryRoot), [], 'nothing was written');
   });
 
-  const planted = ['/var/lib/agent-connectors/keep', '/var/lib/private/agent-connectors-renew-fetch/state.json'];
+  const planted = ['/var/lib/agent-connectors/keep', '/var/lib/private/agent-connectors-renew-fetch/state.json', '/var/lib/agent-connectors-shims/gh'];
   const expectedRemovals: Array<[string, string]> = [
     ...UNIT_NAMES.map((n): [string, string] => ['remove unit', `/etc/systemd/system/${n}`]),
     ['remove config', '/etc/sysusers.d/agent-connectors.conf'],
@@ -208,9 +208,10 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
       actionsOf(r.stdout).map((a) => [a.what, a.path]),
       [
         ['purge state', '/var/lib/agent-connectors'],
+        ['purge state', '/var/lib/agent-connectors-shims'],
         ['purge state', '/var/lib/private/agent-connectors-renew-fetch'],
       ],
-      'it reports the purge of both state directories',
+      'it reports the purge of the state directories and the shim directory',
     );
     t.same(filesUnder(root), [], 'nothing is left');
   });
