@@ -99,6 +99,15 @@ t.test('13. an SDK client keeps one MCP session through the forwarder across tok
   );
   t.equal(upstream.seen.filter((s) => s.rpcMethod === 'initialize').length, 1, 'exactly one session was initialized');
   t.equal(upstream.sessions.size, 0, 'and it is gone');
+
+  // The access line names each tool the SDK called, its JSON-RPC id and protocol version,
+  // and never an argument value.
+  await until(() => fwd.logs.filter((l) => l.msg === 'access' && l.mcpMethod === 'tools/call').length >= 2 * tokens.length, 'the tools/call access lines');
+  const calls = fwd.logs.filter((l) => l.msg === 'access' && l.mcpMethod === 'tools/call');
+  t.same([...new Set(calls.map((l) => l.tool))].sort(), ['echo', 'progress'], 'each tools/call line names its tool');
+  t.ok(calls.every((l) => typeof l.rpcId === 'number'), 'and carries the JSON-RPC id');
+  t.ok(calls.every((l) => typeof l.protocolVersion === 'string' && l.protocolVersion.length > 0), 'and the protocol version the SDK negotiated');
+  t.notOk(calls.some((l) => JSON.stringify(l).includes('gen 0')), 'no argument value in any line');
 });
 
 checkNoLeaks(t);
