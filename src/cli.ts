@@ -8,6 +8,7 @@ import { registerRenewCommands } from './cli/renew-commands.js';
 import { registerCliProxyCommands } from './cli/cli-proxy-commands.js';
 import { registerInstallCommands } from './cli/install-commands.js';
 import { registerDoctorCommand } from './cli/doctor-command.js';
+import { registerLinkCommands } from './cli/link-commands.js';
 
 /**
  * Exit codes (errors.ts): 0 ok, 1 runtime failure, 2 usage or configuration error.
@@ -25,6 +26,7 @@ async function main(argv: string[]): Promise<number> {
   registerCliProxyCommands(program);
   registerInstallCommands(program);
   registerDoctorCommand(program);
+  registerLinkCommands(program);
   registerDevCommand(program);
   const override = (cmd: Command): void => {
     cmd.exitOverride();

@@ -8,6 +8,7 @@ import { errors as undiciErrors } from 'undici';
  * - ConfigError: a usage or configuration problem; the CLI exits 2.
  * - ServiceFailedError, FetchIncompleteError: a long-running part or a one-shot run
  *   failed; the CLI exits with the cause's code (1 unless the cause says otherwise).
+ * - EnrollError: enrol or unenrol failed at run time; the CLI exits 1.
  * - anything else thrown reaches an agent as internal_error and the CLI as exit 1.
  */
 
@@ -133,6 +134,19 @@ export class FetchIncompleteError extends Error {
   constructor(message: string) {
     super(message);
     this.name = 'FetchIncompleteError';
+  }
+}
+
+/**
+ * `enroll` or `unenroll` could not finish (pairing code refused, Gateway unreachable,
+ * credential not writable): exit 1. The message says the cause and what to do, and never
+ * carries the pairing code or the credential.
+ */
+export class EnrollError extends Error {
+  readonly exitCode = 1;
+  constructor(message: string) {
+    super(message);
+    this.name = 'EnrollError';
   }
 }
 

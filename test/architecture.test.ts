@@ -15,7 +15,7 @@ const LAYERS: ReadonlyArray<readonly string[]> = [
   ['data'],
   ['config', 'service'],
   ['http'],
-  ['forwarder', 'cli-proxy', 'renew', 'shims', 'doctor', 'install', 'gateway-standin', 'dev'],
+  ['forwarder', 'cli-proxy', 'renew', 'shims', 'doctor', 'install', 'gateway-standin', 'dev', 'link'],
   ['cli'],
   ['cli.ts'],
 ];

@@ -12,6 +12,7 @@ import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
 import { updateInstances } from '../data/registry.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { RenewAuthority } from '../gateway-standin/authority.js';
+import { HostControl } from '../gateway-standin/host-control.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { writeSlotFile } from '../renew/apply.js';
 import { emptySlotFile, handoffPaths } from '../data/handoff.js';
@@ -101,7 +102,9 @@ export function registerDevCommand(program: Command): void {
       const credential = `hc_${randomBytes(24).toString('base64url')}`;
       await atomicWrite(credentialPath, `${credential}\n`, { mode: 0o600 });
       const authority = new RenewAuthority({ credential, tokenLifetimeMs: lifetimeMs, slots: [slot, demoCliSlot], tokenPrefix: 'demo_' });
-      const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority);
+      // The link endpoints (SPEC §8) answer too; dev's own credential counts as a host's.
+      const hostControl = new HostControl({ authority, staticHosts: { 'dev-host': credential } });
+      const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority, hostControl);
       await gateway.listen(0);
       // Whatever fails from here on (a port in use included), the demo Gateway must not
       // keep the process alive.

@@ -47,7 +47,9 @@ export const providerSchema = z.strictObject({
   commands: z.array(commandSchema).default([]),
 });
 
-export const catalogSchema = z.record(z.string().regex(PROVIDER_NAME, 'provider name must match [A-Za-z0-9_.-]{1,64} and not be . or ..'), providerSchema);
+export const providerNameSchema = z.string().regex(PROVIDER_NAME, 'provider name must match [A-Za-z0-9_.-]{1,64} and not be . or ..');
+
+export const catalogSchema = z.record(providerNameSchema, providerSchema);
 
 export type Inject = z.infer<typeof injectSchema>;
 export type Provider = z.infer<typeof providerSchema>;
@@ -56,15 +58,24 @@ export type Catalog = z.infer<typeof catalogSchema>;
 export function parseCatalog(text: string): ParseResult<Catalog> {
   const parsed = parseJsonWith(catalogSchema, text);
   if (!parsed.ok) return parsed;
-  const names = new Map<string, string>();
-  for (const [provider, p] of Object.entries(parsed.value)) {
+  const dup = duplicateCommand(parsed.value);
+  if (dup !== undefined) return { ok: false, error: `schema: command "${dup}" is declared by two providers` };
+  return parsed;
+}
+
+/**
+ * A command name declared by more than one provider (two shims cannot share one file
+ * name), or undefined. Shared with the desired state, which checks the same rule.
+ */
+export function duplicateCommand(providers: Record<string, { commands: ReadonlyArray<{ name: string }> }>): string | undefined {
+  const seen = new Set<string>();
+  for (const p of Object.values(providers)) {
     for (const c of p.commands) {
-      const other = names.get(c.name);
-      if (other !== undefined) return { ok: false, error: `schema: command "${c.name}" is declared by two providers` };
-      names.set(c.name, provider);
+      if (seen.has(c.name)) return c.name;
+      seen.add(c.name);
     }
   }
-  return parsed;
+  return undefined;
 }
 
 /** For one-shot readers (shims install, token targets): missing → empty; invalid → ConfigError. */

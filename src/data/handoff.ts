@@ -1,6 +1,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { DESIRED_STATE_FILE } from './desired-state.js';
 import { parseJsonWith } from './parse.js';
 import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './renew-wire.js';
 
@@ -9,6 +10,8 @@ import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './ren
  *   slots/<slot>.json  written by apply (and bind): what is applied, no secret
  *   inbox/<slot>.json  written by fetch (0640): a 200 body, or a revocation notice
  *   rejected/          invalid inbox files moved aside by apply, never lost
+ *   desired-state.json written by the link on an enrolled host: the Gateway's whole
+ *                      desired state (data/desired-state.ts), for apply to reconcile
  * Slot ids keep their colon in file names.
  */
 export interface HandoffPaths {
@@ -16,10 +19,17 @@ export interface HandoffPaths {
   slots: string;
   inbox: string;
   rejected: string;
+  desiredState: string;
 }
 
 export function handoffPaths(root: string): HandoffPaths {
-  return { root, slots: join(root, 'slots'), inbox: join(root, 'inbox'), rejected: join(root, 'rejected') };
+  return {
+    root,
+    slots: join(root, 'slots'),
+    inbox: join(root, 'inbox'),
+    rejected: join(root, 'rejected'),
+    desiredState: join(root, DESIRED_STATE_FILE),
+  };
 }
 
 export const slotFileSchema = z.strictObject({

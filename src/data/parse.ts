@@ -42,12 +42,16 @@ function issueMessage(issue: z.core.$ZodIssue): string {
   }
 }
 
-/** Formats zod issues without echoing values (a value could be a secret pasted by mistake). */
-export function describeIssues(error: z.ZodError): string {
+/**
+ * Formats zod issues without echoing values (a value could be a secret pasted by mistake).
+ * `keyDepths`: the path positions that hold record keys (binding ids are capabilities), shown
+ * only as a prefix; position 0 for the registry and catalog, 1 for the desired state.
+ */
+export function describeIssues(error: z.ZodError, keyDepths: readonly number[] = [0]): string {
   return error.issues
     .slice(0, 5)
     .map((i) => {
-      const path = i.path.map((p, idx) => (idx === 0 && typeof p === 'string' ? keyPrefix(p) : String(p))).join('.');
+      const path = i.path.map((p, idx) => (keyDepths.includes(idx) && typeof p === 'string' ? keyPrefix(p) : String(p))).join('.');
       return `${path || '(root)'}: ${issueMessage(i)}`;
     })
     .join('; ');
@@ -57,7 +61,7 @@ export function describeIssues(error: z.ZodError): string {
  * JSON text → a zod-checked value, or an error that never quotes the text (V8's JSON
  * messages and zod's default messages can both echo what they read).
  */
-export function parseJsonWith<T>(schema: z.ZodType<T>, text: string): ParseResult<T> {
+export function parseJsonWith<T>(schema: z.ZodType<T>, text: string, keyDepths?: readonly number[]): ParseResult<T> {
   let json: unknown;
   try {
     json = JSON.parse(text);
@@ -65,7 +69,7 @@ export function parseJsonWith<T>(schema: z.ZodType<T>, text: string): ParseResul
     return { ok: false, error: 'invalid JSON' };
   }
   const r = schema.safeParse(json);
-  return r.success ? { ok: true, value: r.data } : { ok: false, error: `schema: ${describeIssues(r.error)}` };
+  return r.success ? { ok: true, value: r.data } : { ok: false, error: `schema: ${describeIssues(r.error, keyDepths)}` };
 }
 
 /**

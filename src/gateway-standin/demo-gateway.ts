@@ -10,6 +10,8 @@ import { z } from 'zod';
 import type { Logger } from '../log/logger.js';
 import type { RenewAuthority } from './authority.js';
 import { handleRenewHttp } from './gateway-http.js';
+import type { HostControl } from './host-control.js';
+import { handleHostHttp } from './host-http.js';
 
 /**
  * The built-in demo Gateway for `agent-connectors dev`: a real MCP server (official SDK,
@@ -26,6 +28,8 @@ export class DemoGateway {
     private readonly log: Logger,
     /** Mints and checks tokens, and serves the renewal endpoint of SPEC §4. */
     readonly authority: RenewAuthority,
+    /** Enrolment, desired state and presence (SPEC §8); absent, those paths answer 404. */
+    readonly hostControl?: HostControl,
   ) {}
 
   async listen(port = 0): Promise<number> {
@@ -52,6 +56,7 @@ export class DemoGateway {
 
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (await handleRenewHttp(this.authority, req, res)) return;
+    if (this.hostControl && (await handleHostHttp(this.hostControl, req, res))) return;
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname.startsWith('/api/demo/')) return this.demoApi(req, res, url);
     if (url.pathname !== '/mcp') return reply(res, 404, { error: 'not_found' });
@@ -154,6 +159,7 @@ export class DemoGateway {
   }
 
   async close(): Promise<void> {
+    this.hostControl?.close();
     for (const t of this.sessions.values()) await t.close().catch(() => undefined);
     this.server.closeAllConnections();
     await new Promise<void>((r) => this.server.close(() => r()));

@@ -43,7 +43,7 @@ export function bearerOf(req: IncomingMessage): string | undefined {
   return m ? m[1] : undefined;
 }
 
-function isJsonContentType(value: string | undefined): boolean {
+export function isJsonContentType(value: string | undefined): boolean {
   if (value === undefined) return false;
   const mediaType = value.split(';', 1)[0]?.trim().toLowerCase();
   return mediaType === 'application/json';

@@ -28,8 +28,8 @@ const OK_BODY = {
   credentialGeneration: 3,
 };
 
-t.test('handoffPaths: slots, inbox and rejected under the root', async (t) => {
-  t.strictSame(handoffPaths('/h'), { root: '/h', slots: '/h/slots', inbox: '/h/inbox', rejected: '/h/rejected' });
+t.test('handoffPaths: slots, inbox, rejected and the desired state under the root', async (t) => {
+  t.strictSame(handoffPaths('/h'), { root: '/h', slots: '/h/slots', inbox: '/h/inbox', rejected: '/h/rejected', desiredState: '/h/desired-state.json' });
 });
 
 t.test('slotFileName / slotOfFileName: the colon is kept as is', async (t) => {

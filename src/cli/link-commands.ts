@@ -1,0 +1,45 @@
+import { hostname } from 'node:os';
+import { resolve } from 'node:path';
+import type { Command } from 'commander';
+import { upstreamUrlSchema } from '../data/fields.js';
+import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
+import { readPairingCode } from '../link/pairing-code.js';
+import { version } from '../version.js';
+import { parseOption, positiveInt } from './options.js';
+
+/** Human lines for the person at the terminal; stdout, as `bind` prints its results. */
+function say(line: string): void {
+  process.stdout.write(`${line}\n`);
+}
+
+export function registerLinkCommands(program: Command): void {
+  program
+    .command('enroll')
+    .description('enrol this host with the Gateway: a one-time pairing code (stdin, or prompted without echo) becomes the host credential')
+    .requiredOption('--gateway <url>', 'the Gateway base URL (https; http only to loopback)')
+    .option('--credential <file>', 'where to store the host credential (0600); link.env goes beside it', DEFAULT_CREDENTIAL_PATH)
+    .option('--force', 'enrol again a host that is already enrolled (replaces its credential)')
+    .option('--attempts <n>', 'tries on 429, 5xx and network errors, all with one requestId', '6')
+    .addHelpText('after', '\nThe pairing code is never an argument (every local user can read argv):\n  sudo agent-connectors enroll --gateway https://gw.example.com        (prompts)\n  sudo agent-connectors enroll --gateway https://gw.example.com < code.txt\nExit codes: 0 enrolled, 1 enrolment failed (the message says why and what to do), 2 usage.\n')
+    .action(async (opts: { gateway: string; credential: string; force?: boolean; attempts: string }) => {
+      const gatewayUrl = parseOption(upstreamUrlSchema, opts.gateway, '--gateway');
+      await enroll({
+        gatewayUrl,
+        credentialPath: resolve(opts.credential),
+        force: Boolean(opts.force),
+        readCode: () => readPairingCode(),
+        hostname: hostname(),
+        version,
+        attempts: parseOption(positiveInt, opts.attempts, '--attempts'),
+        say,
+      });
+    });
+
+  program
+    .command('unenroll')
+    .description('stop the link and remove the host credential; the host becomes operator-managed again')
+    .option('--credential <file>', 'the host credential file enroll wrote', DEFAULT_CREDENTIAL_PATH)
+    .action(async (opts: { credential: string }) => {
+      await unenroll({ credentialPath: resolve(opts.credential), say });
+    });
+}

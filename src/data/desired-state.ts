@@ -1,0 +1,123 @@
+import { z } from 'zod';
+import { commandSchema, duplicateCommand, providerNameSchema, providerSchema, type Catalog } from './catalog.js';
+import { parseJsonWith, type ParseResult } from './parse.js';
+import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
+import { cliSlot, instanceSlot } from './renew-wire.js';
+import type { StateLayout } from './state-layout.js';
+
+/**
+ * The desired state of an enrolled host (SPEC §8): the whole set of bindings and providers
+ * the platform wants here, versioned. One format for two places:
+ *   - the 200 body of `GET {gw}/v1/host/state?after=<version>`;
+ *   - the hand-off file `<handoff>/desired-state.json`, by which the link gives it to apply.
+ *
+ * It is the registry and the catalog without token paths: the Gateway never names a local
+ * path, the host chooses them (`toLocalConfig`). Every field reuses the registry's and the
+ * catalog's own schemas, so a state that validates here is one the forwarder and the
+ * cli-proxy accept: https upstreams (http only to loopback), no connection headers as an
+ * injection target, no `.`/`..` or `/` in a name that becomes a file name.
+ *
+ * Validation is of the whole: one bad entry rejects the state, and apply keeps the last
+ * good one. Messages name the place (a binding id only by its prefix) and the rule, never
+ * a value.
+ *
+ * Decision: entries are strict (an unknown field inside a binding or provider may change
+ * what it means, e.g. a new injection rule; applying it half-understood would be wrong);
+ * unknown top-level fields are dropped, so a Gateway can add a section old hosts ignore.
+ */
+
+/** Bounds. 10 000 bindings (0.9 MB) parse in 30-70 ms cold, ~110 ms under a loaded tap run (test/data/desired-state.test.ts). */
+export const MAX_BINDINGS = 10_000;
+export const MAX_PROVIDERS = 1_000;
+export const MAX_COMMANDS_PER_PROVIDER = 64;
+/** Largest state body or file, in bytes (10 000 bindings take about 1.5 MB). */
+export const MAX_STATE_BYTES = 8 * 1024 * 1024;
+
+/** Also not `.` or `..`: the id becomes a token file name (`<id>.token`) and a slot id. */
+const instanceIdSchema = z
+  .string()
+  .regex(/^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,128}$/, 'instanceId must match [A-Za-z0-9_.-]{1,128} and not be . or ..');
+
+export const desiredBindingSchema = bindingSchema.omit({ tokenFile: true }).extend({ instanceId: instanceIdSchema });
+
+export const desiredProviderSchema = providerSchema
+  .omit({ tokenFile: true })
+  .extend({ commands: z.array(commandSchema).max(MAX_COMMANDS_PER_PROVIDER, `at most ${MAX_COMMANDS_PER_PROVIDER} commands`).default([]) });
+
+/**
+ * JSON.parse makes `__proto__` an own key, and zod's record skips it silently: the state
+ * would be accepted minus that entry. Refused instead, like any other bad entry.
+ */
+function boundedRecord<V extends z.ZodType>(key: z.ZodType<string>, value: V, max: number, what: string) {
+  return z
+    .unknown()
+    .superRefine((v, ctx) => {
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) return;
+      if (Object.hasOwn(v, '__proto__')) ctx.addIssue({ code: 'custom', message: `a ${what} key is __proto__` });
+      if (Object.keys(v).length > max) ctx.addIssue({ code: 'custom', message: `more than ${max} ${what}s` });
+    })
+    .pipe(z.record(key, value));
+}
+
+export const desiredStateSchema = z
+  .object({
+    version: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+    bindings: boundedRecord(bindingIdSchema, desiredBindingSchema, MAX_BINDINGS, 'binding'),
+    providers: boundedRecord(providerNameSchema, desiredProviderSchema, MAX_PROVIDERS, 'provider'),
+  })
+  .superRefine((s, ctx) => {
+    // Shims are files named after commands: two providers cannot both own one.
+    if (duplicateCommand(s.providers) !== undefined) {
+      ctx.addIssue({ code: 'custom', path: ['providers'], message: 'a command name is declared by two providers' });
+    }
+  });
+
+export type DesiredBinding = z.infer<typeof desiredBindingSchema>;
+export type DesiredProvider = z.infer<typeof desiredProviderSchema>;
+export type DesiredState = z.infer<typeof desiredStateSchema>;
+
+/** Issues under `bindings.<id>` / `providers.<name>` show the key only by its prefix. */
+const KEY_DEPTHS = [1] as const;
+
+/** JSON text (a Gateway answer or the hand-off file) → a whole, valid state, or why not. */
+export function parseDesiredState(text: string): ParseResult<DesiredState> {
+  if (Buffer.byteLength(text, 'utf8') > MAX_STATE_BYTES) return { ok: false, error: `larger than ${MAX_STATE_BYTES} bytes` };
+  return parseJsonWith(desiredStateSchema, text, KEY_DEPTHS);
+}
+
+/** The state with nothing in it, the Gateway's answer for a host with no connection yet. */
+export function emptyDesiredState(version = 0): DesiredState {
+  return { version, bindings: {}, providers: {} };
+}
+
+/** The renewal slots a state needs: one per AgentInstance, one per provider. */
+export function slotsOf(state: Pick<DesiredState, 'bindings' | 'providers'>): Set<string> {
+  const slots = new Set<string>();
+  for (const b of Object.values(state.bindings)) slots.add(instanceSlot(b.instanceId));
+  for (const name of Object.keys(state.providers)) slots.add(cliSlot(name));
+  return slots;
+}
+
+/**
+ * The local files a state becomes: instances.json and providers.json, with token paths
+ * chosen by the host (the layout's defaults, SPEC §2). Pure; the caller writes them.
+ * Object.fromEntries defines own properties, so no key can reach a prototype.
+ */
+export function toLocalConfig(
+  state: DesiredState,
+  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>,
+): { instances: InstancesFile; catalog: Catalog } {
+  const instances: InstancesFile = Object.fromEntries(
+    Object.entries(state.bindings).map(([id, b]) => [id, { instanceId: b.instanceId, upstreamUrl: b.upstreamUrl, tokenFile: layout.instanceToken(b.instanceId) }]),
+  );
+  const catalog: Catalog = Object.fromEntries(
+    Object.entries(state.providers).map(([name, p]) => [
+      name,
+      { upstream: p.upstream, tokenFile: layout.providerToken(name), inject: p.inject, commands: p.commands },
+    ]),
+  );
+  return { instances, catalog };
+}
+
+/** The hand-off file's name inside `<handoff>/`. */
+export const DESIRED_STATE_FILE = 'desired-state.json';
