@@ -20,7 +20,7 @@ import {
   type ForwarderProc,
 } from './helpers/forwarder-proc.js';
 import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
-import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
 import { until } from '../test/support/poll.js';
 import { pollUntil } from './helpers/sse-client.js';
 import type { TapTest } from './helpers/tap-types.js';

@@ -1,7 +1,7 @@
 import { readFileSync, statSync } from 'node:fs';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from './helpers/forwarder-proc.js';
-import type { RenewRecord } from './helpers/mock-renew-gateway.js';
+import type { RenewRecord } from '../test/support/mock-renew-gateway.js';
 import {
   CREDENTIAL,
   WRONG_CREDENTIAL,

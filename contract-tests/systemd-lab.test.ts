@@ -17,9 +17,9 @@ import {
   portFree,
   run,
   type SystemUser,
-} from './helpers/lab.js';
+} from '../test/support/lab.js';
 import { McpUpstream, type TokenVerdict } from './helpers/mcp-upstream.js';
-import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
 import type { TapTest } from './helpers/tap-types.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
 

@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { knownSecrets, startCli, tempDir, type CliProc } from './forwarder-proc.js';
-import { MockRenewGateway, type MockRenewGatewayOptions } from './mock-renew-gateway.js';
+import { MockRenewGateway, type MockRenewGatewayOptions } from '../../test/support/mock-renew-gateway.js';
 import type { TapTest } from './tap-types.js';
 
 /**

@@ -4,7 +4,7 @@ import { createServer, connect, type AddressInfo, type Server, type Socket } fro
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { existingUser, killGroup, spawnAsAgent } from '../../contract-tests/helpers/agent-user.js';
+import { existingUser, killGroup, spawnAsAgent } from '../support/agent-user.js';
 import { peerUid } from '../../src/http/peer-uid.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 

@@ -2,7 +2,7 @@ import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSy
 import { dirname, join, resolve } from 'node:path';
 import t from 'tap';
 import { CLI, REPO_ROOT, tempDir } from '../../contract-tests/helpers/forwarder-proc.js';
-import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../../contract-tests/helpers/lab.js';
+import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../support/lab.js';
 import { renderUnit } from '../../src/install/install.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 

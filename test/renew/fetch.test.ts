@@ -5,7 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/helpers/mock-renew-gateway.js';
+import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../support/mock-renew-gateway.js';
 import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
 import { createFetchAgent, expectationFor, renewSlot, type FetchDeps } from '../../src/renew/fetch.js';
 import { FetchState, fetchSlotStateSchema, type FetchSlotState } from '../../src/renew/fetch-state.js';

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import t from 'tap';
 import { Agent, request, type Dispatcher } from 'undici';
-import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/helpers/mock-renew-gateway.js';
+import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../support/mock-renew-gateway.js';
 import { renewConflictSchema, renewErrorSchema, renewOkSchema, renewPath, type RenewOk } from '../../src/data/renew-wire.js';
 
 const SLOT = 'instance:inst-1';

@@ -3,7 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo, Socket } from 'node:net';
 import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/gateway-standin/authority.js';
 import { parseRenewHttp, sendRenewResult } from '../../src/gateway-standin/gateway-http.js';
-import { Wakeups } from '../../test/support/wakeups.js';
+import { Wakeups } from './wakeups.js';
 
 /**
  * The cloud Gateway's renewal endpoint for tests (not our code, so a mock is fair, but a
