@@ -1,7 +1,10 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import type { TapTest } from '../support/tap.js';
+import { tempDir } from '../support/temp-dir.js';
 import { Wakeups } from '../support/wakeups.js';
 
 /** The project's stand-in NOTIFY_SOCKET (this file runs from build/test/tools/). */
@@ -112,4 +115,11 @@ export class NotifyReceiver {
     await this.exited;
     clearTimeout(killer);
   }
+}
+
+/** A receiver at `socketPath` (by default in a fresh temp dir), closed at the end of `t`. */
+export async function startNotifyReceiver(t: TapTest, socketPath = join(tempDir('ac-notify-', t), 'notify.sock')): Promise<NotifyReceiver> {
+  const rx = await NotifyReceiver.start(socketPath);
+  t.teardown(() => rx.close());
+  return rx;
 }
