@@ -2,9 +2,6 @@ import { createServer } from 'node:net';
 import type { Readable } from 'node:stream';
 import { Wakeups } from '../../test/support/wakeups.js';
 
-// Kept under these names for renew-*.test.ts and forwarder-process.test.ts (not yet migrated).
-export { deferred, until as pollUntil, within as withDeadline } from '../../test/support/poll.js';
-
 /** How a response body stream finished, as the agent saw it. */
 export type StreamEnd = { kind: 'end' } | { kind: 'error'; error: Error };
 
