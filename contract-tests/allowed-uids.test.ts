@@ -8,7 +8,7 @@ import { forwarderRig, startRig, type ProxyProc } from '../test/support/proxy-ri
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
-import { existingUser, killGroup, spawnAsAgent } from './helpers/agent-user.js';
+import { existingUser, killGroup, spawnAsAgent } from '../test/support/agent-user.js';
 import { assertJsonError, parseResponse, RawConnection, type Resp } from './helpers/http-raw.js';
 
 /*

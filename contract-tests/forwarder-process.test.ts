@@ -1,43 +1,35 @@
-import { mkdirSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { request } from 'undici';
-import { checkNoLeaks, startForwarder, tempDir, writeInstances, writeToken, type ForwarderProc } from './helpers/forwarder-proc.js';
-import type { TapTest } from './helpers/tap-types.js';
-import { MockGateway, json, sse, type SeenRequest } from './helpers/mock-gateway.js';
-import { deferred, pollUntil, StreamReader, withDeadline } from './helpers/sse-client.js';
-import { NotifyReceiver, notifyReceiverMissing, systemdNotifyMissing, type NotifyDatagram } from '../test/tools/notify-receiver.js';
+import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
+import { MockGateway, json, sse, type SeenRequest } from '../test/support/mock-gateway.js';
+import { deferred, until, within } from '../test/support/poll.js';
+import { loadConfig, partDir, startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { StreamReader } from './helpers/sse-client.js';
+import { notifyReceiverMissing, startNotifyReceiver, systemdNotifyMissing, type NotifyDatagram } from '../test/tools/notify-receiver.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
 
 const BINDING_A = 'bind_process_aaaa01';
 const BINDING_B = 'bind_process_bbbb02';
 
-/** The stand-in NOTIFY_SOCKET (test/tools/notify-recv.py) at `socketPath`, closed at teardown. */
-async function startReceiver(t: TapTest, socketPath: string): Promise<NotifyReceiver> {
-  const rx = await NotifyReceiver.start(socketPath);
-  t.teardown(() => rx.close());
-  return rx;
-}
-
 const is = (assignment: string) => (d: NotifyDatagram): boolean => d.assignments.includes(assignment);
 
 t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', { skip: unlessMissing(t, notifyReceiverMissing() ?? systemdNotifyMissing()) }, async (t) => {
   const stateDir = tempDir();
-  const dir = join(stateDir, 'mcp-forwarder');
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const tokenFile = join(dir, 'inst-notify.token');
+  const tokenFile = join(partDir(stateDir, 'forwarder'), 'inst-notify.token');
   writeToken(tokenFile, 'tok-notify-Qz81-xv');
-  writeInstances(join(dir, 'instances.json'), {
-    [BINDING_A]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
-    [BINDING_B]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
-  });
-  const socketPath = join(tempDir('ac-notify-'), 'notify.sock');
-  const recv = await startReceiver(t, socketPath);
+  const recv = await startNotifyReceiver(t);
 
-  const fwd = await startForwarder(t, {
+  const fwd = await startProxy(t, 'forwarder', {
     stateDir,
-    env: { NOTIFY_SOCKET: socketPath, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined },
+    config: {
+      [BINDING_A]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
+      [BINDING_B]: { instanceId: 'inst-notify', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile },
+    },
+    env: { NOTIFY_SOCKET: recv.socketPath, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined },
   });
 
   const ready = await recv.waitFor(is('READY=1'), 0, 'READY=1');
@@ -70,7 +62,7 @@ t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', { skip: unlessMis
   fwd.child.kill('SIGTERM');
   const stopping = await recv.waitFor(is('STOPPING=1'), beforeTerm, 'STOPPING=1 after SIGTERM');
   t.ok(readyAgain < stopping, 'STOPPING=1 comes last');
-  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  const exit = await within(fwd.exited, 15_000, 'the forwarder to exit');
   t.same(exit, { code: 0, signal: null }, 'exit 0 after SIGTERM');
   t.same(
     fwd.logs.filter((l) => l.msg === 'sd_notify failed'),
@@ -82,11 +74,10 @@ t.test('sd_notify against a real unix datagram NOTIFY_SOCKET', { skip: unlessMis
 t.test('without NOTIFY_SOCKET nothing fails', async (t) => {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const fwd = await startForwarder(t, { env: { NOTIFY_SOCKET: undefined, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined } });
+  const fwd = await startProxy(t, 'forwarder', { env: { NOTIFY_SOCKET: undefined, WATCHDOG_USEC: '400000', WATCHDOG_PID: undefined } });
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-plain.token');
   writeToken(tokenFile, 'tok-no-notify-44Lm');
-  writeInstances(fwd.instancesPath, { [BINDING_A]: { instanceId: 'inst-plain', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  await loadConfig(fwd, { [BINDING_A]: { instanceId: 'inst-plain', upstreamUrl: gw.url(), tokenFile } });
 
   const health = await request(`${fwd.base}/healthz`);
   t.equal(health.statusCode, 200);
@@ -102,7 +93,7 @@ t.test('without NOTIFY_SOCKET nothing fails', async (t) => {
   t.equal(again.statusCode, 200, 'still serving after SIGHUP');
   await again.body.dump();
 
-  const exit = await withDeadline(fwd.stop('SIGTERM'), 15_000, 'the forwarder to exit');
+  const exit = await within(fwd.stop('SIGTERM'), 15_000, 'the forwarder to exit');
   t.same(exit, { code: 0, signal: null }, 'exit 0');
   t.same(
     fwd.logs.filter((l) => l.level === 'warn' || l.level === 'error' || l.level === 'fatal'),
@@ -123,11 +114,10 @@ function tryConnect(port: number): Promise<'connected' | 'refused' | 'other'> {
   });
 }
 
-async function withBinding(t: TapTest, fwd: ForwarderProc, gw: MockGateway, token: string): Promise<string> {
+async function withBinding(t: TapTest, fwd: ProxyProc, gw: MockGateway, token: string): Promise<string> {
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', 'inst-term.token');
   writeToken(tokenFile, token);
-  writeInstances(fwd.instancesPath, { [BINDING_A]: { instanceId: 'inst-term', upstreamUrl: gw.url(), tokenFile } });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
+  await loadConfig(fwd, { [BINDING_A]: { instanceId: 'inst-term', upstreamUrl: gw.url(), tokenFile } });
   t.pass('binding loaded');
   return `${fwd.base}/i/${BINDING_A}/mcp`;
 }
@@ -135,7 +125,7 @@ async function withBinding(t: TapTest, fwd: ForwarderProc, gw: MockGateway, toke
 t.test('SIGTERM: the in-flight request finishes, new connections are refused, exit 0', async (t) => {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const fwd = await startForwarder(t);
+  const fwd = await startProxy(t, 'forwarder');
   const url = await withBinding(t, fwd, gw, 'tok-sigterm-drain-71Qa');
   const release = deferred();
   const answer = { jsonrpc: '2.0', id: 3, result: { content: [{ type: 'text', text: 'slow but done' }] } };
@@ -153,24 +143,24 @@ t.test('SIGTERM: the in-flight request finishes, new connections are refused, ex
   const seen: SeenRequest = await gw.waitForRequests(1);
 
   fwd.child.kill('SIGTERM');
-  await pollUntil(async () => (await tryConnect(fwd.port)) === 'refused', 'new connections to be refused');
+  await until(async () => (await tryConnect(fwd.port)) === 'refused', 'new connections to be refused');
   t.pass('a new connection is refused while the request is in flight');
   t.notOk(settled, 'the in-flight request is still open (its upstream has not answered yet)');
   t.equal(fwd.child.exitCode, null, 'the process waits for it');
 
   release.resolve();
-  const res = await withDeadline(inflight, 10_000, 'the in-flight response');
+  const res = await within(inflight, 10_000, 'the in-flight response');
   t.equal(res.statusCode, 200, 'the in-flight request completes with 200');
   t.equal(await res.body.text(), JSON.stringify(answer), 'and its whole body');
   t.notOk(seen.wasAborted(), 'the upstream request was not aborted');
-  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  const exit = await within(fwd.exited, 15_000, 'the forwarder to exit');
   t.same(exit, { code: 0, signal: null }, 'exit 0');
 });
 
 t.test('SIGTERM with --shutdown-grace-ms 500: an endless SSE stream is cut, the upstream sees the abort, exit 0', async (t) => {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const fwd = await startForwarder(t, { args: ['--shutdown-grace-ms', '500'] });
+  const fwd = await startProxy(t, 'forwarder', { args: ['--shutdown-grace-ms', '500'] });
   const url = await withBinding(t, fwd, gw, 'tok-sigterm-grace-93Zk');
   const opened = deferred<{ send: (data: string) => void; seen: SeenRequest }>();
   gw.handle((seen, res) => {
@@ -189,19 +179,19 @@ t.test('SIGTERM with --shutdown-grace-ms 500: an endless SSE stream is cut, the 
   await reader.waitForText('before-shutdown');
 
   fwd.child.kill('SIGTERM');
-  const end = await withDeadline(reader.ended, 15_000, 'the agent stream to be cut');
+  const end = await within(reader.ended, 15_000, 'the agent stream to be cut');
   t.pass(`the agent sees the stream close (${end.kind === 'end' ? 'clean end' : 'cut'})`);
   t.equal(reader.text(), 'data: before-shutdown\n\n', 'what was sent before is intact');
-  await withDeadline(up.seen.aborted, 10_000, 'the upstream to see the abort');
+  await within(up.seen.aborted, 10_000, 'the upstream to see the abort');
   t.ok(up.seen.wasAborted(), 'the upstream request was aborted');
-  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  const exit = await within(fwd.exited, 15_000, 'the forwarder to exit');
   t.same(exit, { code: 0, signal: null }, 'exit 0');
 });
 
 t.test('SIGTERM: the standalone GET stream is cut at once, while an in-flight POST still finishes', async (t) => {
   const gw = await MockGateway.start();
   t.teardown(() => gw.close());
-  const fwd = await startForwarder(t); // the default 10 s grace
+  const fwd = await startProxy(t, 'forwarder'); // the default 10 s grace
   const url = await withBinding(t, fwd, gw, 'tok-sigterm-stream-44Lp');
   const opened = deferred<{ send: (data: string) => void; seen: SeenRequest }>();
   const release = deferred();
@@ -232,20 +222,20 @@ t.test('SIGTERM: the standalone GET stream is cut at once, while an in-flight PO
   await gw.waitForRequests(2);
 
   fwd.child.kill('SIGTERM');
-  await withDeadline(reader.ended, 8_000, 'the GET stream to be cut before the grace period ends');
+  await within(reader.ended, 8_000, 'the GET stream to be cut before the grace period ends');
   t.notOk(postSettled, 'the GET stream was cut while the POST was still in flight');
-  await withDeadline(up.seen.aborted, 8_000, 'the upstream GET to see the abort');
+  await within(up.seen.aborted, 8_000, 'the upstream GET to see the abort');
   t.ok(up.seen.wasAborted(), 'the upstream stream was closed too');
   t.equal(fwd.child.exitCode, null, 'the process still waits for the POST');
 
   release.resolve();
-  const res = await withDeadline(post, 10_000, 'the in-flight POST');
+  const res = await within(post, 10_000, 'the in-flight POST');
   t.equal(res.statusCode, 200, 'the POST completes with 200');
   t.equal(await res.body.text(), JSON.stringify(answer), 'and its whole body');
   const stopped = await fwd.waitForLog((l) => l.msg === 'forwarder stopped');
   t.equal(stopped.clean, true, 'a clean stop: nothing had to be cut at the deadline');
   t.equal(stopped.streamsCut, 1, 'one open-ended stream cut');
-  const exit = await withDeadline(fwd.exited, 15_000, 'the forwarder to exit');
+  const exit = await within(fwd.exited, 15_000, 'the forwarder to exit');
   t.same(exit, { code: 0, signal: null }, 'exit 0');
 });
 

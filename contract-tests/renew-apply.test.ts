@@ -8,13 +8,13 @@ import {
   knownSecrets,
   leakedSecrets,
   startCli,
-  tempDir,
-  writeInstances,
+  writeJsonAtomic,
   type CliProc,
   type LogLine,
-} from './helpers/forwarder-proc.js';
-import { pollUntil } from './helpers/sse-client.js';
-import type { TapTest } from './helpers/tap-types.js';
+} from '../test/support/cli-proc.js';
+import { until } from '../test/support/poll.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 import type { SlotFileJson } from './helpers/renew-harness.js';
 
 /**
@@ -153,7 +153,7 @@ t.test('apply writes every tokenFile the registry names for the instance, and on
   const one = join(h.state, 'tokens-1', 'a.token');
   const two = join(h.state, 'tokens-2', 'a.token');
   const other = join(h.state, 'tokens-3', 'b.token');
-  writeInstances(instances, {
+  writeJsonAtomic(instances, {
     bind_apply_reg_0001: { instanceId: 'inst-a', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile: one },
     bind_apply_reg_0002: { instanceId: 'inst-a', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile: two },
     bind_apply_reg_0003: { instanceId: 'inst-b', upstreamUrl: 'http://127.0.0.1:9/mcp', tokenFile: other },
@@ -401,7 +401,7 @@ t.test('--watch applies inbox files as they arrive, each one, in order', async (
     const b = body(`watch${gen}`, gen, inMinutes(30 + gen));
     sequence.push(b);
     const inboxFile = writeInbox(h, `${SLOT}.json`, b);
-    await pollUntil(
+    await until(
       () => !existsSync(inboxFile) && existsSync(h.tokenFile) && readText(h.tokenFile) === `${b.token}\n`,
       `generation ${gen} to be applied by the watcher`,
     );
@@ -409,7 +409,7 @@ t.test('--watch applies inbox files as they arrive, each one, in order', async (
     if (gen === 3) {
       // A bad file in between is rejected and does not stop the watcher.
       const bad = writeInbox(h, 'cli:broken.json', '{"slot":"cli:broken",');
-      await pollUntil(() => !existsSync(bad), 'the watcher to move the bad file aside');
+      await until(() => !existsSync(bad), 'the watcher to move the bad file aside');
       t.ok(readdirSync(h.rejected).some((n) => n.startsWith('cli:broken.json.')), 'the bad file is in rejected/');
     }
   }
@@ -417,7 +417,7 @@ t.test('--watch applies inbox files as they arrive, each one, in order', async (
   const other = body('watch-other', 1, inMinutes(30), 'instance:inst-w');
   writeInbox(h, 'instance:inst-w.json', other);
   const otherFile = join(h.state, 'mcp-forwarder', 'inst-w.token');
-  await pollUntil(() => existsSync(otherFile) && readText(otherFile) === `${other.token}\n`, 'the second slot to be applied');
+  await until(() => existsSync(otherFile) && readText(otherFile) === `${other.token}\n`, 'the second slot to be applied');
   // The file is written before its log line reaches us through the pipe; the lines come in
   // order, so once this one is here, every earlier one is too.
   await proc.waitForLog((l) => l.msg === APPLIED && l.tokenId === other.tokenId, 30_000);

@@ -14,16 +14,14 @@ import {
   knownSecrets,
   leakedSecrets,
   startCli,
-  startForwarder,
-  tempDir,
   type CliProc,
-  type ForwarderProc,
-} from './helpers/forwarder-proc.js';
+} from '../test/support/cli-proc.js';
 import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
-import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
+import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
 import { until } from '../test/support/poll.js';
-import { pollUntil } from './helpers/sse-client.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 
 /**
  * Renewal end to end (SPEC §4 with §3): `renew fetch` (loop) + `renew apply --watch`
@@ -219,7 +217,7 @@ interface Renewal {
  */
 async function startRenewal(
   tt: TapTest,
-  opts: { fwd: ForwarderProc; gw: MockRenewGateway; credential: string; bindingId: string; instanceId: string; upstreamUrl: string },
+  opts: { fwd: ProxyProc; gw: MockRenewGateway; credential: string; bindingId: string; instanceId: string; upstreamUrl: string },
 ): Promise<Renewal> {
   const { fwd, gw } = opts;
   const root = tempDir('ac-renew-e2e-');
@@ -245,7 +243,7 @@ async function startRenewal(
     await Promise.all([fetch.stop('SIGKILL'), apply.stop('SIGKILL')]);
   });
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', `${opts.instanceId}.token`);
-  await pollUntil(() => existsSync(tokenFile), 'the first token to be fetched and applied', 20_000);
+  await until(() => existsSync(tokenFile), 'the first token to be fetched and applied', 20_000);
   tt.equal(statSync(tokenFile).mode & 0o777, 0o600, 'the applied token file is 0600');
   return { handoff, fetchState, tokenFile, fetch, apply };
 }
@@ -290,7 +288,7 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   const advertised = advertiseLifetime(gw.authority, 600);
   const upstream = await new CheckingUpstream(gw.authority, advertised).start();
   t.teardown(() => upstream.close());
-  const fwd = await startForwarder(t);
+  const fwd = await startProxy(t, 'forwarder');
   const bindingId = 'bind_renew_load_01';
   const renewal = await startRenewal(t, { fwd, gw, credential, bindingId, instanceId: 'inst-load', upstreamUrl: upstream.url() });
 
@@ -396,7 +394,7 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
   const advertised = advertiseLifetime(gw.authority, 600);
   const upstream = await McpUpstream.start({ tools: ['echo'], check: (token) => checkBearer(token, gw.authority, advertised) });
   t.teardown(() => upstream.close());
-  const fwd = await startForwarder(t);
+  const fwd = await startProxy(t, 'forwarder');
   const bindingId = 'bind_renew_mcp_01';
   const renewal = await startRenewal(t, { fwd, gw, credential, bindingId, instanceId: 'inst-mcp', upstreamUrl: upstream.url() });
 
@@ -417,12 +415,12 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
     t.equal(content[0]?.text, `echo: call ${calls}`, `call ${calls} succeeded`);
     calls += 1;
     // Next call once renewal has replaced the token (fetch + apply, no help from the test).
-    await pollUntil(() => readFileSync(renewal.tokenFile, 'utf8') !== token, 'the next rotation', 15_000);
+    await until(() => readFileSync(renewal.tokenFile, 'utf8') !== token, 'the next rotation', 15_000);
   }
   const tools = await client.listTools();
   t.same(tools.tools.map((x) => x.name), ['echo'], 'tools/list still works in the same session');
   await transport.terminateSession();
-  await pollUntil(() => upstream.seen.some((s) => s.method === 'DELETE'), 'the DELETE to reach the upstream');
+  await until(() => upstream.seen.some((s) => s.method === 'DELETE'), 'the DELETE to reach the upstream');
 
   const [init, ...rest] = upstream.seen;
   t.equal(init?.rpcMethod, 'initialize', 'the first upstream request was initialize');

@@ -1,7 +1,9 @@
 import { readFileSync, statSync } from 'node:fs';
 import t from 'tap';
-import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from './helpers/forwarder-proc.js';
-import type { RenewRecord } from './helpers/mock-renew-gateway.js';
+import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from '../test/support/cli-proc.js';
+import type { RenewRecord } from '../test/support/mock-renew-gateway.js';
+import { until, within } from '../test/support/poll.js';
+import type { TapTest } from '../test/support/tap.js';
 import {
   CREDENTIAL,
   WRONG_CREDENTIAL,
@@ -10,12 +12,9 @@ import {
   crashes,
   figures,
   makeRig,
-  until,
-  within,
   type InboxOk,
   type RenewRig,
 } from './helpers/renew-harness.js';
-import type { TapTest } from './helpers/tap-types.js';
 
 /*
  * renew fetch, black-box against the built CLI and a MockRenewGateway (SPEC §4):
@@ -333,7 +332,7 @@ t.test('401: a rejected credential halts renewals without a storm; a new credent
   const refused = rig.gw.requests.length;
   rig.setCredential(CREDENTIAL);
   proc.child.kill('SIGHUP');
-  await until(() => logsOf([proc], RENEWED).length >= 3, 10_000, 'all three slots renewed');
+  await until(() => logsOf([proc], RENEWED).length >= 3, 'all three slots renewed', 10_000);
   rig.harvest();
   t.ok(proc.logs.some((l) => l.msg === 'host credential changed; resuming renewals'), 'resumption logged');
   t.equal(rig.gw.minted(), 3, 'one token per slot once the credential is right');

@@ -2,8 +2,10 @@ import { spawn } from 'node:child_process';
 import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { CLI, CliProc, allProcs, checkNoLeaks, startCli, tempDir } from './helpers/forwarder-proc.js';
-import { makeRig, within } from './helpers/renew-harness.js';
+import { CLI, CliProc, allProcs, checkNoLeaks, startCli } from '../test/support/cli-proc.js';
+import { within } from '../test/support/poll.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { makeRig } from './helpers/renew-harness.js';
 
 /*
  * The renewal pair's lifecycle, black-box against the built CLI: both one-shot modes stop

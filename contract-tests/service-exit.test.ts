@@ -2,9 +2,10 @@ import { once } from 'node:events';
 import { createServer, type Server } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import t from 'tap';
-import { startCli, tempDir } from './helpers/forwarder-proc.js';
-import { within } from './helpers/renew-harness.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { startCli } from '../test/support/cli-proc.js';
+import { within } from '../test/support/poll.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 
 /*
  * A service that fails ends the process (black-box, the built CLI): a long-running part

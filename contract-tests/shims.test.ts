@@ -2,12 +2,12 @@
  * PATH shims as the agent sees them (SPEC §5, issue 4): a fixture CLI and npm itself run
  * through their shims as an unprivileged agent UID, from non-interactive `sh -c` scripts,
  * against the built cli-proxy. The agent user (`ac-agent-test`) is created on first use
- * and left in place afterwards (see helpers/agent-user.ts for why).
+ * and left in place afterwards (see test/support/agent-user.ts for why).
  */
 import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { ensureAgentUser, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from './helpers/agent-user.js';
+import { ensureAgentUser, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from '../test/support/agent-user.js';
 import { checkNoLeaks, leakedSecrets, REPO_ROOT, startCli, writeToken, type CliProc } from '../test/support/cli-proc.js';
 import { json, MockGateway } from '../test/support/mock-gateway.js';
 import { startProxy } from '../test/support/proxy-rig.js';

@@ -5,7 +5,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
 import type { RenewAuthority } from '../src/gateway-standin/authority.js';
-import { CLI, tempDir } from './helpers/forwarder-proc.js';
+import { CLI } from '../test/support/cli-proc.js';
 import {
   CLI_PROXY_PORT,
   ensureSystemUser,
@@ -17,10 +17,11 @@ import {
   portFree,
   run,
   type SystemUser,
-} from './helpers/lab.js';
+} from '../test/support/lab.js';
 import { McpUpstream, type TokenVerdict } from './helpers/mcp-upstream.js';
-import { MockRenewGateway } from './helpers/mock-renew-gateway.js';
-import type { TapTest } from './helpers/tap-types.js';
+import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
 
 /**

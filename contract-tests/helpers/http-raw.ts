@@ -1,6 +1,7 @@
 import { connect, type Socket } from 'node:net';
 import { request } from 'undici';
 import type { TapTest } from '../../test/support/tap.js';
+import { Wakeups } from '../../test/support/wakeups.js';
 
 /** One HTTP response as the agent saw it: status, lower-cased headers, body text. */
 export interface Resp {
@@ -127,21 +128,21 @@ export function parseResponse(buf: Buffer, closed: boolean): { resp: Resp; rest:
  */
 export class RawConnection {
   private buf: Buffer = Buffer.alloc(0);
-  private waiters: Array<() => void> = [];
+  private readonly arrivals = new Wakeups();
   closed = false;
   error: Error | undefined;
 
   private constructor(readonly socket: Socket) {
     socket.on('data', (d: Buffer) => {
       this.buf = Buffer.concat([this.buf, d]);
-      this.wake();
+      this.arrivals.wake();
     });
     socket.on('error', (err) => {
       this.error = err;
     });
     socket.on('close', () => {
       this.closed = true;
-      this.wake();
+      this.arrivals.wake();
     });
   }
 
@@ -154,10 +155,6 @@ export class RawConnection {
       });
       s.once('error', reject);
     });
-  }
-
-  private wake(): void {
-    for (const w of this.waiters.splice(0)) w();
   }
 
   /** Writes and resolves once the data was handed to the kernel. */
@@ -174,26 +171,20 @@ export class RawConnection {
 
   /** Reads (consumes) the next complete response, waiting up to `timeoutMs`. */
   async readResponse(timeoutMs = 10_000): Promise<Resp> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const parsed = parseResponse(this.buf, this.closed);
-      if (parsed) {
-        this.buf = parsed.rest;
-        return parsed.resp;
-      }
-      if (this.closed) {
-        throw new Error(`connection closed before a complete response (${this.error?.message ?? 'EOF'}); got ${JSON.stringify(this.buf.toString('latin1').slice(0, 200))}`);
-      }
-      const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`timed out waiting for a response; got ${JSON.stringify(this.buf.toString('latin1').slice(0, 200))}`);
-      await new Promise<void>((r) => {
-        const timer = setTimeout(r, left);
-        this.waiters.push(() => {
-          clearTimeout(timer);
-          r();
-        });
-      });
-    }
+    const got = (): string => JSON.stringify(this.buf.toString('latin1').slice(0, 200));
+    return this.arrivals.until(
+      () => {
+        const parsed = parseResponse(this.buf, this.closed);
+        if (parsed) {
+          this.buf = parsed.rest;
+          return parsed.resp;
+        }
+        if (this.closed) throw new Error(`connection closed before a complete response (${this.error?.message ?? 'EOF'}); got ${got()}`);
+        return undefined;
+      },
+      timeoutMs,
+      () => `timed out waiting for a response; got ${got()}`,
+    );
   }
 
   destroy(): void {

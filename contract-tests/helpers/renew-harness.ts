@@ -1,8 +1,10 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { knownSecrets, startCli, tempDir, type CliProc } from './forwarder-proc.js';
-import { MockRenewGateway, type MockRenewGatewayOptions } from './mock-renew-gateway.js';
-import type { TapTest } from './tap-types.js';
+import { knownSecrets, startCli, type CliProc, type Exit } from '../../test/support/cli-proc.js';
+import { MockRenewGateway, type MockRenewGatewayOptions } from '../../test/support/mock-renew-gateway.js';
+import { within } from '../../test/support/poll.js';
+import type { TapTest } from '../../test/support/tap.js';
+import { tempDir } from '../../test/support/temp-dir.js';
 
 /**
  * A black-box rig for the renewal pair: one MockRenewGateway, a hand-off directory, a
@@ -42,32 +44,6 @@ export interface PrivateState {
   pending?: { requestId: string; expectedTokenId: string | null; since: string };
   delivered?: { tokenId: string; expiresAt: string; generation: number; receivedAt: string };
   adopted?: string | null;
-}
-
-export interface Exit {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-}
-
-export async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
-  });
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** Polls `cond` until true or the deadline passes (then throws with `what`). */
-export async function until(cond: () => boolean, ms: number, what: string, everyMs = 20): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`);
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
 }
 
 export class RenewRig {

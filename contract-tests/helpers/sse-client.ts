@@ -1,8 +1,6 @@
 import { createServer } from 'node:net';
 import type { Readable } from 'node:stream';
-
-// Kept under these names for renew-*.test.ts and forwarder-process.test.ts (not yet migrated).
-export { deferred, until as pollUntil, within as withDeadline } from '../../test/support/poll.js';
+import { Wakeups } from '../../test/support/wakeups.js';
 
 /** How a response body stream finished, as the agent saw it. */
 export type StreamEnd = { kind: 'end' } | { kind: 'error'; error: Error };
@@ -15,7 +13,7 @@ export type StreamEnd = { kind: 'end' } | { kind: 'error'; error: Error };
 export class StreamReader {
   private chunks: Buffer[] = [];
   private length = 0;
-  private waiters: Array<() => void> = [];
+  private readonly arrivals = new Wakeups();
   private endState: StreamEnd | undefined;
   /** Resolves (never rejects) when the stream ended cleanly or with an error. */
   readonly ended: Promise<StreamEnd>;
@@ -26,13 +24,13 @@ export class StreamReader {
         if (this.endState) return;
         this.endState = state;
         resolve(state);
-        this.wake();
+        this.arrivals.wake();
       };
       body.on('data', (chunk: Buffer | string) => {
         const buf = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
         this.chunks.push(buf);
         this.length += buf.length;
-        this.wake();
+        this.arrivals.wake();
       });
       body.once('end', () => finish({ kind: 'end' }));
       body.once('error', (error: Error) => finish({ kind: 'error', error }));
@@ -71,24 +69,15 @@ export class StreamReader {
   }
 
   private async waitFor(pred: () => boolean, what: string, timeoutMs: number): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      if (pred()) return;
-      if (this.endState) throw new Error(`stream ended (${this.endState.kind}) before ${what}`);
-      const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`timed out waiting for ${what}`);
-      await new Promise<void>((r) => {
-        const timer = setTimeout(r, left);
-        this.waiters.push(() => {
-          clearTimeout(timer);
-          r();
-        });
-      });
-    }
-  }
-
-  private wake(): void {
-    for (const w of this.waiters.splice(0)) w();
+    await this.arrivals.until(
+      () => {
+        if (pred()) return true;
+        if (this.endState) throw new Error(`stream ended (${this.endState.kind}) before ${what}`);
+        return undefined;
+      },
+      timeoutMs,
+      () => `timed out waiting for ${what}`,
+    );
   }
 }
 

@@ -1,5 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import {
@@ -13,11 +12,10 @@ import {
   slotOfFileName,
   type HandoffPaths,
 } from '../../src/data/handoff.js';
+import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
-  const d = mkdtempSync(join(tmpdir(), 'ac-handoff-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return handoffPaths(d);
+  return handoffPaths(tempDir('ac-handoff-', t));
 }
 
 const OK_BODY = {

@@ -1,11 +1,11 @@
 import { once } from 'node:events';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type AddressInfo, type Server, type Socket } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { existingUser, killGroup, spawnAsAgent } from '../../contract-tests/helpers/agent-user.js';
+import { existingUser, killGroup, spawnAsAgent } from '../support/agent-user.js';
 import { peerUid } from '../../src/http/peer-uid.js';
+import { tempDir } from '../support/temp-dir.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 
 /*
@@ -37,11 +37,10 @@ function table(header: string, rows: Row[]): string {
 
 /** A temp dir usable as `procRoot`: `<root>/proc/net/tcp` and `tcp6` as given (omitted → no file). */
 function procRoot(tcp?: Row[], tcp6?: Row[]): string {
-  const root = mkdtempSync(join(tmpdir(), 'ac-peer-uid-'));
+  const root = tempDir('ac-peer-uid-', t);
   mkdirSync(join(root, 'proc', 'net'), { recursive: true });
   if (tcp) writeFileSync(join(root, 'proc', 'net', 'tcp'), table(TCP_HEADER, tcp));
   if (tcp6) writeFileSync(join(root, 'proc', 'net', 'tcp6'), table(TCP6_HEADER, tcp6));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
   return root;
 }
 
@@ -181,8 +180,7 @@ t.test('synthetic: a missing table file → undefined, no throw', async (t) => {
 });
 
 t.test('synthetic: a garbled uid column → undefined', async (t) => {
-  const root = mkdtempSync(join(tmpdir(), 'ac-peer-uid-'));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const root = tempDir('ac-peer-uid-', t);
   mkdirSync(join(root, 'proc', 'net'), { recursive: true });
   writeFileSync(join(root, 'proc', 'net', 'tcp'), `${TCP_HEADER}\n   0: ${V4_LO}:${CLI} ${V4_LO}:${SRV} 01 00000000:00000000 00:00000000 00000000 xyz 0 1\n`);
   t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8080, root), undefined);

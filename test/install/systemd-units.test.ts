@@ -1,8 +1,9 @@
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import t from 'tap';
-import { CLI, REPO_ROOT, tempDir } from '../../contract-tests/helpers/forwarder-proc.js';
-import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../../contract-tests/helpers/lab.js';
+import { CLI, REPO_ROOT } from '../support/cli-proc.js';
+import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../support/lab.js';
+import { tempDir } from '../support/temp-dir.js';
 import { renderUnit } from '../../src/install/install.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 

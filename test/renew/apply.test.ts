@@ -1,16 +1,13 @@
 import {
   existsSync,
   mkdirSync,
-  mkdtempSync,
   readFileSync,
   readdirSync,
   renameSync,
-  rmSync,
   statSync,
   symlinkSync,
   writeFileSync,
 } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { stateLayout } from '../../src/data/state-layout.js';
@@ -19,13 +16,8 @@ import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type Slot
 import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
 import type { RenewOk } from '../../src/data/renew-wire.js';
-import { memoryLogger, type LogRecord } from '../helpers/memory-log.js';
-
-function tempDir(prefix: string): string {
-  const d = mkdtempSync(join(tmpdir(), prefix));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
+import { memoryLogger, type LogRecord } from '../support/memory-log.js';
+import { tempDir } from '../support/temp-dir.js';
 
 const SLOT = 'instance:inst-1';
 const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
@@ -41,7 +33,7 @@ interface Env {
 }
 
 function env(overrides: Partial<ApplyDeps> = {}): Env {
-  const root = tempDir('ac-apply-');
+  const root = tempDir('ac-apply-', t);
   const p = handoffPaths(join(root, 'handoff'));
   const tokenFile = join(root, 'state', 'mcp-forwarder', 'inst-1.token');
   const { log, records, lines } = memoryLogger();
@@ -385,7 +377,7 @@ t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
 // ───────────────────────────── token targets ─────────────────────────────
 
 function targets(): TargetConfig & { root: string } {
-  const root = tempDir('ac-targets-');
+  const root = tempDir('ac-targets-', t);
   return {
     root,
     stateDir: join(root, 'state'),

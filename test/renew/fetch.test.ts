@@ -1,17 +1,17 @@
 import { once } from 'node:events';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/helpers/mock-renew-gateway.js';
-import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../support/mock-renew-gateway.js';
 import { createFetchAgent, expectationFor, renewSlot, type FetchDeps } from '../../src/renew/fetch.js';
 import { FetchState, fetchSlotStateSchema, type FetchSlotState } from '../../src/renew/fetch-state.js';
 import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
 import { renewOkSchema, type RenewOk } from '../../src/data/renew-wire.js';
-import { memoryLogger } from '../helpers/memory-log.js';
+import { memoryLogger } from '../support/memory-log.js';
+import type { TapTest } from '../support/tap.js';
+import { tempDir } from '../support/temp-dir.js';
 
 const SLOT = 'instance:inst-1';
 const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
@@ -27,8 +27,7 @@ interface Env {
 }
 
 async function env(t: TapTest, gatewayUrl: string): Promise<Env> {
-  const root = mkdtempSync(join(tmpdir(), 'ac-fetch-'));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const root = tempDir('ac-fetch-', t);
   const stateDir = join(root, 'fetch-state');
   const state = new FetchState(stateDir);
   await state.init();

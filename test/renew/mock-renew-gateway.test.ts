@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import t from 'tap';
 import { Agent, request, type Dispatcher } from 'undici';
-import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../contract-tests/helpers/mock-renew-gateway.js';
+import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../support/mock-renew-gateway.js';
+import type { TapTest } from '../support/tap.js';
 import { renewConflictSchema, renewErrorSchema, renewOkSchema, renewPath, type RenewOk } from '../../src/data/renew-wire.js';
 
 const SLOT = 'instance:inst-1';
@@ -29,13 +30,11 @@ interface CallOptions {
 const agent = new Agent({ keepAliveTimeout: 2_000 });
 t.teardown(() => agent.close());
 
-async function start(t: Tap): Promise<MockRenewGateway> {
+async function start(t: TapTest): Promise<MockRenewGateway> {
   const gw = await MockRenewGateway.start({ slots: [SLOT, OTHER] });
   t.teardown(() => gw.close());
   return gw;
 }
-
-type Tap = Parameters<Parameters<typeof t.test>[0]>[0];
 
 async function call(gw: MockRenewGateway, slot: string, o: CallOptions = {}): Promise<Answer> {
   const headers: Record<string, string> = {};

@@ -1,15 +1,13 @@
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { writeSlotFile } from '../../src/renew/apply.js';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
 import { ensureSlot, retireSlot } from '../../src/renew/slot-admin.js';
+import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
-  const d = mkdtempSync(join(tmpdir(), 'ac-slots-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  return handoffPaths(join(d, 'handoff'));
+  return handoffPaths(join(tempDir('ac-slots-', t), 'handoff'));
 }
 
 const SLOT = 'instance:inst-1';

@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { runLoop } from '../../src/service/loop.js';
-import { memoryLogger } from '../helpers/memory-log.js';
+import { memoryLogger } from '../support/memory-log.js';
+import { within } from '../support/poll.js';
 
 /** A long wait the tests never sit through: if it is not cut short, the test notices. */
 const LONG = 60_000;
@@ -29,19 +30,6 @@ class Steps {
     if (this.calls >= n) return Promise.resolve();
     return new Promise<void>((resolve) => this.waiters.push({ n, resolve }));
   }
-}
-
-/** Resolves with 'done' if p settles first, else 'timeout' after ms (a safety net only). */
-async function within(p: Promise<unknown>, ms: number): Promise<'done' | 'timeout'> {
-  let timer: NodeJS.Timeout | undefined;
-  const r = await Promise.race([
-    p.then(() => 'done' as const),
-    new Promise<'timeout'>((resolve) => {
-      timer = setTimeout(() => resolve('timeout'), ms);
-    }),
-  ]);
-  clearTimeout(timer);
-  return r;
 }
 
 function wakeSource(): { subscribe: (wake: () => void) => () => void; wake: () => void; subscribed: number; unsubscribed: number } {
@@ -72,7 +60,7 @@ t.test('runs steps back to back when they ask for no wait', async (t) => {
     return 0;
   });
   const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step });
-  t.equal(await within(done, 5_000), 'done');
+  await t.resolves(within(done, 5_000, 'the loop to end'));
   t.equal(steps.calls, 5, 'exactly five rounds, none after the abort');
   t.strictSame(steps.events, ['step1', 'step2', 'step3', 'step4', 'step5']);
 });
@@ -82,11 +70,11 @@ t.test('waits what the step asked for before the next round', async (t) => {
   const ac = new AbortController();
   const steps = new Steps((n) => (n === 1 ? 10 : n === 2 ? LONG : 0));
   const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step });
-  t.equal(await within(steps.reached(2), 5_000), 'done', 'a short wait elapses and the next round runs');
+  await t.resolves(within(steps.reached(2), 5_000, 'step 2'), 'a short wait elapses and the next round runs');
   await sleep(QUIET);
   t.equal(steps.calls, 2, 'a long wait is not cut short by anything');
   ac.abort();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
   t.equal(steps.calls, 2);
 });
 
@@ -100,7 +88,7 @@ t.test('a step that returns a huge delay does not fire at once (timer overflow)'
   await sleep(QUIET);
   t.equal(steps.calls, 1);
   ac.abort();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
 });
 
 t.test('a wake cuts a wait short', async (t) => {
@@ -114,15 +102,15 @@ t.test('a wake cuts a wait short', async (t) => {
   t.equal(steps.calls, 1, 'waiting');
   steps.events.push('wake');
   src.wake();
-  t.equal(await within(steps.reached(2), 5_000), 'done', 'the wake ran the next round');
+  await t.resolves(within(steps.reached(2), 5_000, 'step 2'), 'the wake ran the next round');
   await sleep(QUIET);
   t.equal(steps.calls, 2, 'one wake, one extra round');
   steps.events.push('wake');
   src.wake();
-  t.equal(await within(steps.reached(3), 5_000), 'done', 'a second wake works too');
+  await t.resolves(within(steps.reached(3), 5_000, 'step 3'), 'a second wake works too');
   t.strictSame(steps.events, ['step1', 'wake', 'step2', 'wake', 'step3']);
   ac.abort();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
 });
 
 t.test('a wake during a step makes the next step run at once', async (t) => {
@@ -145,11 +133,11 @@ t.test('a wake during a step makes the next step run at once', async (t) => {
   await sleep(10);
   t.equal(steps.calls, 1, 'the running step is not interrupted');
   release?.();
-  t.equal(await within(steps.reached(2), 5_000), 'done', 'the next round ran at once despite the long delay');
+  await t.resolves(within(steps.reached(2), 5_000, 'step 2'), 'the next round ran at once despite the long delay');
   await sleep(QUIET);
   t.equal(steps.calls, 2, 'the wake is consumed: round 2 waits its long delay');
   ac.abort();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
 });
 
 t.test('a wake from inside the step itself counts too', async (t) => {
@@ -161,7 +149,7 @@ t.test('a wake from inside the step itself counts too', async (t) => {
     return LONG;
   });
   const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, subscribeWake: src.subscribe });
-  t.equal(await within(steps.reached(2), 5_000), 'done');
+  await t.resolves(within(steps.reached(2), 5_000, 'step 2'));
   await sleep(QUIET);
   t.equal(steps.calls, 2);
   ac.abort();
@@ -176,7 +164,7 @@ t.test('a throwing step is logged and retried after errorDelayMs', async (t) => 
     return LONG;
   });
   const done = runLoop({ name: 'renew-fetch', log, signal: ac.signal, step: steps.step, errorDelayMs: 5 });
-  t.equal(await within(steps.reached(3), 5_000), 'done', 'the loop survived two failed rounds');
+  await t.resolves(within(steps.reached(3), 5_000, 'step 3'), 'the loop survived two failed rounds');
   const errors = records.filter((r) => r.msg === 'loop step failed');
   t.equal(errors.length, 2, 'each failure logged once');
   t.match(
@@ -187,7 +175,7 @@ t.test('a throwing step is logged and retried after errorDelayMs', async (t) => 
     ],
   );
   ac.abort();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
 });
 
 t.test('after a failed step the loop waits errorDelayMs, not zero', async (t) => {
@@ -202,7 +190,7 @@ t.test('after a failed step the loop waits errorDelayMs, not zero', async (t) =>
   t.equal(steps.calls, 1, 'no retry storm');
   t.equal(records.filter((r) => r.msg === 'loop step failed').length, 1);
   ac.abort();
-  t.equal(await within(done, 1_000), 'done', 'abort also cuts an error wait short');
+  await t.resolves(within(done, 1_000, 'the loop to end'), 'abort also cuts an error wait short');
 });
 
 t.test('a step that rejects asynchronously is logged, not fatal', async (t) => {
@@ -214,7 +202,7 @@ t.test('a step that rejects asynchronously is logged, not fatal', async (t) => {
     return 0;
   });
   const done = runLoop({ name: 'x', log, signal: ac.signal, step: steps.step, errorDelayMs: 1 });
-  t.equal(await within(done, 5_000), 'done');
+  await t.resolves(within(done, 5_000, 'the loop to end'));
   t.equal(steps.calls, 2);
   t.equal(records.filter((r) => r.msg === 'loop step failed').length, 1);
 });
@@ -229,7 +217,7 @@ t.test('abort during a wait ends the loop promptly and unsubscribes the wake', a
   t.equal(src.subscribed, 1);
   t.equal(src.unsubscribed, 0, 'subscribed while running');
   ac.abort();
-  t.equal(await within(done, 1_000), 'done', 'ended well before the 60 s wait');
+  await t.resolves(within(done, 1_000, 'the loop to end'), 'ended well before the 60 s wait');
   t.equal(src.unsubscribed, 1, 'unsubscribed exactly once');
   src.wake();
   await sleep(10);
@@ -251,7 +239,7 @@ t.test('abort during a step: the step finishes, no further round, unsubscribed',
   await steps.reached(1);
   ac.abort();
   release?.();
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
   t.equal(steps.calls, 1);
   t.equal(src.unsubscribed, 1);
 });
@@ -265,7 +253,7 @@ t.test('abort from a throwing step: no error wait, loop ends, unsubscribed', asy
     throw new Error('stopping');
   });
   const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, subscribeWake: src.subscribe, errorDelayMs: LONG });
-  t.equal(await within(done, 1_000), 'done');
+  await t.resolves(within(done, 1_000, 'the loop to end'));
   t.equal(steps.calls, 1);
   t.equal(src.unsubscribed, 1);
 });
@@ -289,7 +277,7 @@ t.test('works without a wake source', async (t) => {
     if (n === 3) ac.abort();
     return 1;
   });
-  t.equal(await within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step }), 5_000), 'done');
+  await t.resolves(within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step }), 5_000, 'the loop to end'));
   t.equal(steps.calls, 3);
 });
 
@@ -298,7 +286,7 @@ t.test('a step that is done ends the loop without a wait (one-shot runs)', async
   const ac = new AbortController();
   const src = wakeSource();
   const steps = new Steps((n) => (n === 2 ? 'done' : 0));
-  t.equal(await within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, subscribeWake: src.subscribe }), 5_000), 'done');
+  await t.resolves(within(runLoop({ name: 'test', log, signal: ac.signal, step: steps.step, subscribeWake: src.subscribe }), 5_000, 'the loop to end'));
   t.equal(steps.calls, 2, 'no round after done');
   t.notOk(ac.signal.aborted, 'ended by the step, not by a stop');
   t.equal(src.unsubscribed, 1, 'unsubscribed');
@@ -311,7 +299,7 @@ t.test('a one-shot wait ends on abort (SIGTERM), not when the wait runs out', as
   const done = runLoop({ name: 'test', log, signal: ac.signal, step: steps.step });
   await steps.reached(1);
   ac.abort();
-  t.equal(await within(done, 5_000), 'done');
+  await t.resolves(within(done, 5_000, 'the loop to end'));
   t.equal(steps.calls, 1);
 });
 

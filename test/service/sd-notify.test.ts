@@ -1,24 +1,11 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { createNotifier } from '../../src/service/sd-notify.js';
-import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
-import { memoryLogger } from '../helpers/memory-log.js';
-import { NotifyReceiver, notifyReceiverMissing, systemdNotifyMissing, type NotifyDatagram } from '../tools/notify-receiver.js';
+import { memoryLogger } from '../support/memory-log.js';
+import { notifyReceiverMissing, startNotifyReceiver, type NotifyReceiver, systemdNotifyMissing, type NotifyDatagram } from '../tools/notify-receiver.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 
 const needsReceiver = { skip: unlessMissing(t, notifyReceiverMissing() ?? systemdNotifyMissing()) };
-
-/** A NOTIFY_SOCKET receiver (test/tools/notify-recv.py) in a fresh directory, closed at teardown. */
-async function startReceiver(t: TapTest): Promise<NotifyReceiver> {
-  const d = mkdtempSync(join(tmpdir(), 'ac-notify-'));
-  t.teardown(() => rmSync(d, { recursive: true, force: true }));
-  const rx = await NotifyReceiver.start(join(d, 'notify.sock'));
-  t.teardown(() => rx.close());
-  return rx;
-}
 
 /** The assignments of a datagram, minus MAINPID= (added by systemd-notify --pid). */
 function assignments(dg: NotifyDatagram): string[] {
@@ -48,7 +35,7 @@ t.test('without NOTIFY_SOCKET every call is a no-op', async (t) => {
 });
 
 t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPPING arrive in order', needsReceiver, async (t) => {
-  const rx = await startReceiver(t);
+  const rx = await startNotifyReceiver(t);
   const { log, records } = memoryLogger();
   const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath }, log });
   t.equal(n.enabled, true);
@@ -75,7 +62,7 @@ t.test('with a real NOTIFY_SOCKET: READY+STATUS, RELOADING+MONOTONIC_USEC, STOPP
 });
 
 t.test('a status containing newlines is sent as one line: no injected assignment', needsReceiver, async (t) => {
-  const rx = await startReceiver(t);
+  const rx = await startNotifyReceiver(t);
   const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath } });
   await n.ready('line one\nERRNO=5\r\nSTOPPING=1');
   await n.status('a\rWATCHDOG=trigger');
@@ -92,7 +79,7 @@ t.test('a status containing newlines is sent as one line: no injected assignment
 });
 
 t.test('watchdog pings at half of WATCHDOG_USEC and stops when told', needsReceiver, async (t) => {
-  const rx = await startReceiver(t);
+  const rx = await startNotifyReceiver(t);
   const n = createNotifier({ env: { NOTIFY_SOCKET: rx.socketPath, WATCHDOG_USEC: '400000', WATCHDOG_PID: String(process.pid) } });
   const stop = n.startWatchdog();
   await received(rx, 3);

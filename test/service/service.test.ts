@@ -3,7 +3,7 @@ import t from 'tap';
 import { createNotifier } from '../../src/service/sd-notify.js';
 import { ServiceFailedError } from '../../src/errors.js';
 import { runServices, type Service, type ServiceContext } from '../../src/service/service.js';
-import { memoryLogger } from '../helpers/memory-log.js';
+import { memoryLogger } from '../support/memory-log.js';
 
 const quiet = createNotifier({ env: {} });
 

@@ -4,6 +4,7 @@ import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import type { TapTest } from './tap.js';
+import { Wakeups } from './wakeups.js';
 
 /** Tests run compiled from build/test/support, three levels below the repository. */
 export const REPO_ROOT = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../..');
@@ -42,7 +43,7 @@ export class CliProc {
   readonly lines: string[] = [];
   readonly logs: LogLine[] = [];
   readonly stderr: string[] = [];
-  private waiters: Array<() => void> = [];
+  private readonly arrivals = new Wakeups();
   readonly exited: Promise<Exit>;
 
   constructor(readonly child: ChildProcess) {
@@ -53,40 +54,43 @@ export class CliProc {
       } catch {
         this.logs.push({ msg: line });
       }
-      this.wake();
+      this.arrivals.wake();
     });
     createInterface({ input: child.stderr! }).on('line', (line) => {
       this.lines.push(line);
       this.stderr.push(line);
-      this.wake();
+      this.arrivals.wake();
     });
     this.exited = new Promise((r) => child.once('exit', (code, signal) => r({ code, signal })));
   }
 
   /** Waits for a log line matching `pred`, looking first at the lines from index `from` on. */
   async waitForLog(pred: (l: LogLine) => boolean, timeoutMs = 10_000, from = 0): Promise<LogLine> {
-    const deadline = Date.now() + timeoutMs;
     let idx = from;
-    for (;;) {
-      for (; idx < this.logs.length; idx++) {
-        const l = this.logs[idx] as LogLine;
-        if (pred(l)) return l;
-      }
-      await this.nextLine(deadline);
-    }
+    return this.arrivals.until(
+      () => {
+        for (; idx < this.logs.length; idx++) if (pred(this.logs[idx] as LogLine)) return this.logs[idx];
+        return undefined;
+      },
+      timeoutMs,
+      () => this.timedOut(),
+    );
   }
 
   /** Waits for a stderr line matching `re` (the human output of `dev`, usage errors). */
   async waitForStderr(re: RegExp, timeoutMs = 10_000): Promise<RegExpExecArray> {
-    const deadline = Date.now() + timeoutMs;
     let idx = 0;
-    for (;;) {
-      for (; idx < this.stderr.length; idx++) {
-        const m = re.exec(this.stderr[idx] as string);
-        if (m) return m;
-      }
-      await this.nextLine(deadline);
-    }
+    return this.arrivals.until(
+      () => {
+        for (; idx < this.stderr.length; idx++) {
+          const m = re.exec(this.stderr[idx] as string);
+          if (m) return m;
+        }
+        return undefined;
+      },
+      timeoutMs,
+      () => this.timedOut(),
+    );
   }
 
   /** Log lines from index `from` on (for "what did this request log"). */
@@ -99,20 +103,8 @@ export class CliProc {
     return this.exited;
   }
 
-  private async nextLine(deadline: number): Promise<void> {
-    const left = deadline - Date.now();
-    if (left <= 0) throw new Error(`timed out waiting for a line; saw:\n${this.lines.slice(-20).join('\n')}`);
-    await new Promise<void>((r) => {
-      const timer = setTimeout(r, left);
-      this.waiters.push(() => {
-        clearTimeout(timer);
-        r();
-      });
-    });
-  }
-
-  private wake(): void {
-    for (const w of this.waiters.splice(0)) w();
+  private timedOut(): string {
+    return `timed out waiting for a line; saw:\n${this.lines.slice(-20).join('\n')}`;
   }
 }
 

@@ -1,6 +1,7 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
+import { Wakeups } from './wakeups.js';
 
 /** One request as the Gateway saw it. */
 export interface SeenRequest {
@@ -26,7 +27,7 @@ export class MockGateway {
   private handler: GatewayHandler = (_req, res) => json(res, 200, { jsonrpc: '2.0', id: 1, result: {} });
   private server: Server;
   private sockets = new Set<Socket>();
-  private waiters: Array<() => void> = [];
+  private readonly arrivals = new Wakeups();
   port = 0;
 
   constructor() {
@@ -55,7 +56,7 @@ export class MockGateway {
 
   /** Resolves once at least `n` requests have been seen. */
   async waitForRequests(n: number): Promise<SeenRequest> {
-    while (this.requests.length < n) await new Promise<void>((r) => this.waiters.push(r));
+    while (this.requests.length < n) await this.arrivals.next();
     return this.requests[n - 1] as SeenRequest;
   }
 
@@ -81,7 +82,7 @@ export class MockGateway {
       wasAborted: () => aborted,
     };
     this.requests.push(seen);
-    for (const w of this.waiters.splice(0)) w();
+    this.arrivals.wake();
     try {
       await this.handler(seen, res);
     } catch {

@@ -1,13 +1,12 @@
-import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import type { TapTest } from '../support/tap.js';
+import { tempDir } from '../support/temp-dir.js';
 import { TokenRotationWait } from '../../src/token/token-wait.js';
 
 function setup(t: TapTest): { dir: string; file: string; rotate: (token: string) => void } {
-  const dir = mkdtempSync(join(tmpdir(), 'token-wait-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const dir = tempDir('token-wait-', t);
   const file = join(dir, 'inst.token');
   writeFileSync(file, 'old-token\n', { mode: 0o600 });
   let n = 0;

@@ -1,7 +1,11 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import type { TapTest } from '../support/tap.js';
+import { tempDir } from '../support/temp-dir.js';
+import { Wakeups } from '../support/wakeups.js';
 
 /** The project's stand-in NOTIFY_SOCKET (this file runs from build/test/tools/). */
 export const NOTIFY_RECV = fileURLToPath(new URL('../../../test/tools/notify-recv.py', import.meta.url));
@@ -39,6 +43,7 @@ export class NotifyReceiver {
   /** Everything the receiver printed to stderr (for a failure's message). */
   stderr = '';
   readonly exited: Promise<unknown>;
+  private readonly arrivals = new Wakeups();
 
   private constructor(
     readonly socketPath: string,
@@ -47,18 +52,12 @@ export class NotifyReceiver {
     // 'close', not 'exit': by then stderr has been read to the end, for the message.
     this.exited = once(child, 'close');
     child.stderr!.on('data', (d: Buffer) => (this.stderr += d.toString()));
-    void this.exited.then(() => this.wake());
-  }
-
-  private waiters = new Set<() => void>();
-
-  private wake(): void {
-    for (const w of [...this.waiters]) w();
+    void this.exited.then(() => this.arrivals.wake());
   }
 
   private add(d: NotifyDatagram): void {
     this.datagrams.push(d);
-    this.wake();
+    this.arrivals.wake();
   }
 
   /**
@@ -66,22 +65,15 @@ export class NotifyReceiver {
    * soon as it arrives; rejects at once should the receiver die, and after `timeoutMs`.
    */
   waitFor(pred: (d: NotifyDatagram) => boolean, from: number, what: string, timeoutMs = 30_000): Promise<number> {
-    return new Promise((resolve, reject) => {
-      const check = (): void => {
-        for (let i = from; i < this.datagrams.length; i++) {
-          if (pred(this.datagrams[i]!)) return done(() => resolve(i));
-        }
-        if (!this.running) done(() => reject(new Error(`the notify receiver died waiting for ${what}: ${this.stderr}`)));
-      };
-      const timer = setTimeout(() => done(() => reject(new Error(`no datagram with ${what} within ${timeoutMs} ms; got ${JSON.stringify(this.datagrams.map((d) => d.raw))}`))), timeoutMs);
-      const done = (settle: () => void): void => {
-        clearTimeout(timer);
-        this.waiters.delete(check);
-        settle();
-      };
-      this.waiters.add(check);
-      check();
-    });
+    return this.arrivals.until(
+      () => {
+        for (let i = from; i < this.datagrams.length; i++) if (pred(this.datagrams[i]!)) return i;
+        if (!this.running) throw new Error(`the notify receiver died waiting for ${what}: ${this.stderr}`);
+        return undefined;
+      },
+      timeoutMs,
+      () => `no datagram with ${what} within ${timeoutMs} ms; got ${JSON.stringify(this.datagrams.map((d) => d.raw))}`,
+    );
   }
 
   /** Starts the receiver; resolves once it listens, rejects at once if it dies first. */
@@ -123,4 +115,11 @@ export class NotifyReceiver {
     await this.exited;
     clearTimeout(killer);
   }
+}
+
+/** A receiver at `socketPath` (by default in a fresh temp dir), closed at the end of `t`. */
+export async function startNotifyReceiver(t: TapTest, socketPath = join(tempDir('ac-notify-', t), 'notify.sock')): Promise<NotifyReceiver> {
+  const rx = await NotifyReceiver.start(socketPath);
+  t.teardown(() => rx.close());
+  return rx;
 }

@@ -3,6 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo, Socket } from 'node:net';
 import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/gateway-standin/authority.js';
 import { parseRenewHttp, sendRenewResult } from '../../src/gateway-standin/gateway-http.js';
+import { Wakeups } from './wakeups.js';
 
 /**
  * The cloud Gateway's renewal endpoint for tests (not our code, so a mock is fair, but a
@@ -89,7 +90,7 @@ export class MockRenewGateway {
   private readonly sockets = new Set<Socket>();
   private readonly timers = new Set<NodeJS.Timeout>();
   private readonly faults: QueuedFault[] = [];
-  private waiters: Array<() => void> = [];
+  private readonly arrivals = new Wakeups();
 
   constructor(options: MockRenewGatewayOptions = {}) {
     this.authority = new RenewAuthority({
@@ -166,7 +167,7 @@ export class MockRenewGateway {
 
   /** Resolves once at least `n` requests have arrived; returns the n-th. */
   async waitForRequests(n: number): Promise<RenewRecord> {
-    while (this.requests.length < n) await new Promise<void>((r) => this.waiters.push(r));
+    while (this.requests.length < n) await this.arrivals.next();
     return this.requests[n - 1] as RenewRecord;
   }
 
@@ -278,7 +279,7 @@ export class MockRenewGateway {
   private record(rec: RenewRecord): void {
     rec.seq = this.requests.length + 1;
     this.requests.push(rec);
-    for (const w of this.waiters.splice(0)) w();
+    this.arrivals.wake();
   }
 
   private send(res: ServerResponse, rec: RenewRecord, result: RenewResult): void {

@@ -4,7 +4,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { execa } from 'execa';
-import { REPO_ROOT } from './forwarder-proc.js';
+import { REPO_ROOT } from './cli-proc.js';
 
 /**
  * The project's systemd lab (`test/tools/systemd-lab.sh`, see docs/testing.md): a
