@@ -118,8 +118,19 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
           return config.credentialRecheckMs;
         }
         unusableLogged = false;
-        const outcome = await pollOnce(agent, config, read.credential, after, signal);
+        // A 401 to presence halts the link: the poll in flight is cut, not left to run out.
+        const cut = new AbortController();
+        const off = credential.onChange(() => {
+          if (credential.halted) cut.abort();
+        });
+        let outcome: PollOutcome;
+        try {
+          outcome = await pollOnce(agent, config, read.credential, after, AbortSignal.any([signal, cut.signal]));
+        } finally {
+          off();
+        }
         if (signal.aborted) return 0;
+        if (cut.signal.aborted) return config.credentialRecheckMs;
         switch (outcome.kind) {
           case 'unchanged':
             attempt = 0;
