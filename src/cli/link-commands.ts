@@ -1,11 +1,116 @@
 import { hostname } from 'node:os';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
+import { z } from 'zod';
+import { ConfigError } from '../errors.js';
 import { upstreamUrlSchema } from '../data/fields.js';
+import { hostIdSchema } from '../data/link-wire.js';
+import { isLoopbackHostname } from '../net/loopback-address.js';
 import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
+import { createLinkServices } from '../link/link.js';
 import { readPairingCode } from '../link/pairing-code.js';
+import { defaultPresenceConfig } from '../link/presence.js';
+import { defaultStatePollerConfig } from '../link/state-poller.js';
+import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { createNotifier } from '../service/sd-notify.js';
+import { runServices, type Service } from '../service/service.js';
 import { version } from '../version.js';
-import { parseOption, positiveInt } from './options.js';
+import { layoutFrom, logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+
+const loopbackHttpUrl = z
+  .url()
+  .refine((v) => {
+    const u = new URL(v);
+    return u.protocol === 'http:' && isLoopbackHostname(u.hostname);
+  }, 'must be an http:// URL on loopback (127.0.0.1, ::1, localhost)');
+
+/** The options of `link` and its alias `renew fetch`. */
+export function addLinkOptions(cmd: Command): Command {
+  return cmd
+    .option('--gateway <url>', 'Gateway base URL (default: $AGENT_CONNECTORS_GATEWAY_URL)')
+    .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
+    .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
+    .option('--state-dir <dir>', 'state root; renewal keeps its private state in <state>/renew-fetch')
+    .option('--host-id <id>', 'this host\'s id, from enroll (default: $AGENT_CONNECTORS_HOST_ID); without one only renewals run')
+    .option('--once', 'renewals only: settle every due slot, then exit (for a timer); exit 1 if any did not settle')
+    .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
+    .option('--backoff-cap-ms <n>', 'longest wait between renewal retries', String(defaultFetchConfig.backoff.capMs))
+    .option('--link-backoff-base-ms <n>', 'first state-poll retry wait (full jitter, doubling)', String(defaultStatePollerConfig.backoff.baseMs))
+    .option('--link-backoff-cap-ms <n>', 'longest wait between state-poll retries', String(defaultStatePollerConfig.backoff.capMs))
+    .option('--poll-timeout-ms <n>', 'client timeout of one state long poll (the Gateway holds it ≤ 60 s)', String(defaultStatePollerConfig.pollTimeoutMs))
+    .option('--credential-recheck-ms <n>', 'after a 401 or an unusable credential, how often it is read again', String(defaultStatePollerConfig.credentialRecheckMs))
+    .option('--presence-interval-ms <n>', 'regular presence report (jittered ±10 %)', String(defaultPresenceConfig.intervalMs))
+    .option('--forwarder-health <url>', "the forwarder's /healthz (loopback)", 'http://127.0.0.1:14323/healthz')
+    .option('--cli-proxy-health <url>', "the cli-proxy's /healthz (loopback)", 'http://127.0.0.1:14324/healthz')
+    .addOption(logLevelOption());
+}
+
+/** `link` and `renew fetch`: renewals, plus the state poller and presence when enrolled. */
+export async function runLink(opts: Record<string, string | boolean | undefined>): Promise<void> {
+  const log = loggerFrom(opts);
+  const layout = layoutFrom(opts);
+  const gateway = (opts.gateway as string | undefined) ?? process.env.AGENT_CONNECTORS_GATEWAY_URL;
+  if (!gateway) throw new ConfigError('--gateway (or $AGENT_CONNECTORS_GATEWAY_URL) is required');
+  const gatewayUrl = parseOption(upstreamUrlSchema, gateway, '--gateway');
+  const credentialPath = opts.credential
+    ? resolve(opts.credential as string)
+    : process.env.CREDENTIALS_DIRECTORY
+      ? join(process.env.CREDENTIALS_DIRECTORY, 'host-credential')
+      : undefined;
+  if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
+  const once = Boolean(opts.once);
+  const services: Service[] = [
+    createFetchService({
+      ...defaultFetchConfig,
+      gatewayUrl,
+      credentialPath,
+      handoffDir: layout.handoff,
+      privateDir: layout.fetchPrivate,
+      once,
+      onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
+      backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
+    }),
+  ];
+  const rawHostId = (opts.hostId as string | undefined) ?? process.env.AGENT_CONNECTORS_HOST_ID;
+  if (once) {
+    // --once keeps its meaning: renewals only.
+  } else if (!rawHostId) {
+    log.info('no host id ($AGENT_CONNECTORS_HOST_ID, --host-id): this host is not enrolled; running renewals only');
+  } else {
+    const hostId = parseOption(hostIdSchema, rawHostId, '--host-id');
+    services.push(
+      ...createLinkServices(
+        {
+          credentialPath,
+          poller: {
+            gatewayUrl,
+            handoffDir: layout.handoff,
+            pollTimeoutMs: parseOption(positiveInt, opts.pollTimeoutMs, '--poll-timeout-ms'),
+            backoff: {
+              baseMs: parseOption(positiveInt, opts.linkBackoffBaseMs, '--link-backoff-base-ms'),
+              capMs: parseOption(positiveInt, opts.linkBackoffCapMs, '--link-backoff-cap-ms'),
+            },
+            credentialRecheckMs: parseOption(positiveInt, opts.credentialRecheckMs, '--credential-recheck-ms'),
+          },
+          presence: {
+            ...defaultPresenceConfig,
+            gatewayUrl,
+            handoffDir: layout.handoff,
+            hostId,
+            version,
+            intervalMs: parseOption(positiveInt, opts.presenceIntervalMs, '--presence-interval-ms'),
+            health: {
+              forwarder: parseOption(loopbackHttpUrl, opts.forwarderHealth, '--forwarder-health'),
+              'cli-proxy': parseOption(loopbackHttpUrl, opts.cliProxyHealth, '--cli-proxy-health'),
+            },
+          },
+        },
+        log,
+      ),
+    );
+  }
+  await runServices(services, { log, notifier: createNotifier({ log }) });
+}
 
 /** Human lines for the person at the terminal; stdout, as `bind` prints its results. */
 function say(line: string): void {
@@ -13,6 +118,14 @@ function say(line: string): void {
 }
 
 export function registerLinkCommands(program: Command): void {
+  addLinkOptions(
+    program
+      .command('link')
+      .description(
+        "the host's link to the Gateway (holds the host credential): token renewals, and on an enrolled host the desired-state long poll (hands desired-state.json to apply) and presence",
+      ),
+  ).action(runLink);
+
   program
     .command('enroll')
     .description('enrol this host with the Gateway: a one-time pairing code (stdin, or prompted without echo) becomes the host credential')

@@ -1,15 +1,12 @@
-import { join, resolve } from 'node:path';
 import { type Command } from 'commander';
-import { ConfigError } from '../errors.js';
-import { upstreamUrlSchema } from '../data/fields.js';
 import { stateLayout } from '../data/state-layout.js';
 import { createApplyService } from '../renew/apply-service.js';
-import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { handoffPaths } from '../data/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
-import { layoutFrom, logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+import { addLinkOptions, runLink } from './link-commands.js';
+import { layoutFrom, logLevelOption, loggerFrom } from './options.js';
 
 /** Where apply writes token files unless a binding or the catalog names another path. */
 export function defaultTokenDirs(stateDir: string): string[] {
@@ -20,41 +17,11 @@ export function defaultTokenDirs(stateDir: string): string[] {
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');
 
-  renew
-    .command('fetch')
-    .description('renew due slots against the Gateway and hand the results to apply')
-    .option('--gateway <url>', 'Gateway base URL (default: $AGENT_CONNECTORS_GATEWAY_URL)')
-    .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
-    .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
-    .option('--state-dir <dir>', 'state root; fetch keeps its private state in <state>/renew-fetch')
-    .option('--once', 'settle every due slot, then exit (for a timer); exit 1 if any did not settle')
-    .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
-    .option('--backoff-cap-ms <n>', 'longest wait between retries', String(defaultFetchConfig.backoff.capMs))
-    .addOption(logLevelOption())
-    .action(async (opts: Record<string, string | boolean | undefined>) => {
-      const log = loggerFrom(opts);
-      const layout = layoutFrom(opts);
-      const gateway = (opts.gateway as string | undefined) ?? process.env.AGENT_CONNECTORS_GATEWAY_URL;
-      if (!gateway) throw new ConfigError('--gateway (or $AGENT_CONNECTORS_GATEWAY_URL) is required');
-      const gatewayUrl = parseOption(upstreamUrlSchema, gateway, '--gateway');
-      const credentialPath = opts.credential
-        ? resolve(opts.credential as string)
-        : process.env.CREDENTIALS_DIRECTORY
-          ? join(process.env.CREDENTIALS_DIRECTORY, 'host-credential')
-          : undefined;
-      if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
-      const service = createFetchService({
-        ...defaultFetchConfig,
-        gatewayUrl,
-        credentialPath,
-        handoffDir: layout.handoff,
-        privateDir: layout.fetchPrivate,
-        once: Boolean(opts.once),
-        onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
-        backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
-      });
-      await runServices([service], { log, notifier: createNotifier({ log }) });
-    });
+  addLinkOptions(
+    renew
+      .command('fetch')
+      .description('alias of `agent-connectors link`: renewals, and on an enrolled host the state poll and presence'),
+  ).action(runLink);
 
   renew
     .command('apply')

@@ -29,7 +29,7 @@ import { hookEnabled } from '../service/test-hooks.js';
  */
 
 export const DEFAULT_CREDENTIAL_PATH = '/etc/agent-connectors/host-credential';
-/** The unit that holds the credential and runs the link (today: renew fetch). */
+/** The unit that holds the credential and runs `agent-connectors link` (named for its first job, renewal). */
 export const LINK_UNIT = 'agent-connectors-renew-fetch.service';
 export const GATEWAY_URL_ENV = 'AGENT_CONNECTORS_GATEWAY_URL';
 export const HOST_ID_ENV = 'AGENT_CONNECTORS_HOST_ID';
@@ -282,7 +282,7 @@ export async function enroll(options: EnrollOptions): Promise<EnrollResult> {
   );
   await unlink(files.pending).catch(() => undefined);
   say(`enrolled as host ${answer.hostId} at ${gatewayUrl}; credential in ${files.credential} (0600), Gateway URL in ${files.env}`);
-  const link = await restartLink(systemd, say, `agent-connectors renew fetch --gateway ${gatewayUrl} --credential ${files.credential}`);
+  const link = await restartLink(systemd, say, `agent-connectors link --gateway ${gatewayUrl} --credential ${files.credential} --host-id ${answer.hostId}`);
   return { hostId: answer.hostId, files, link };
 }
 

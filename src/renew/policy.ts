@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import type { FetchSlotState } from './fetch-state.js';
 import type { RenewOutcome } from './fetch.js';
 import type { SlotFile } from '../data/handoff.js';
@@ -93,21 +92,7 @@ export function dueAt(slot: SlotFile, saved: FetchSlotState, state: SlotPolicySt
   return Math.max(scheduled, state.notBefore);
 }
 
-/** What the halt remembers: a digest, so the refused credential itself is not kept around. */
-export function credentialDigest(credential: string): string {
-  return createHash('sha256').update(credential).digest('hex');
-}
-
-export type CredentialGate = 'run' | 'halted' | 'resume';
-
-/**
- * Whether renewals may run with the credential read now: not while it is still the one the
- * Gateway refused; a changed credential resumes them.
- */
-export function credentialGate(haltedOn: string | undefined, digest: string): CredentialGate {
-  if (haltedOn === undefined) return 'run';
-  return haltedOn === digest ? 'halted' : 'resume';
-}
+export { credentialDigest, credentialGate, type CredentialGate } from '../net/credential-gate.js';
 
 /**
  * A slot's bookkeeping after the credential changed: the backoff of failures (possibly the

@@ -1,0 +1,186 @@
+import { basename } from 'node:path';
+import { watch } from 'chokidar';
+import { Agent } from 'undici';
+import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
+import { handoffPaths, readSlots } from '../data/handoff.js';
+import { linkUrl, PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
+import type { Logger } from '../log/logger.js';
+import { runLoop } from '../service/loop.js';
+import type { Service } from '../service/service.js';
+import type { LinkCredential } from './credential.js';
+
+export type PartHealth = 'ok' | 'degraded' | 'down';
+
+export interface PresenceConfig {
+  gatewayUrl: string;
+  handoffDir: string;
+  hostId: string;
+  version: string;
+  /** Loopback /healthz URL of each part, by the part's presence name. */
+  health: Record<string, string>;
+  /** The regular report, jittered ±10 %. */
+  intervalMs: number;
+  /** Least time between two reports (a burst of changes makes one report). */
+  minGapMs: number;
+  healthTimeoutMs: number;
+  /** Jitter source, [0, 1). */
+  rand?: () => number;
+}
+
+export const defaultPresenceConfig = { intervalMs: 60_000, minGapMs: 1_000, healthTimeoutMs: 2_000 };
+
+/** The health of one part from its /healthz: 200 and status ok → ok; any other answer → degraded; no answer → down. */
+export async function partHealth(agent: Agent, url: string, signal: AbortSignal): Promise<PartHealth> {
+  try {
+    const u = new URL(url);
+    const res = await agent.request({ origin: u.origin, path: u.pathname + u.search, method: 'GET', signal });
+    const text = await res.body.text();
+    if (res.statusCode !== 200) return 'degraded';
+    try {
+      const body = JSON.parse(text) as { status?: unknown };
+      return body.status === 'ok' ? 'ok' : 'degraded';
+    } catch {
+      return 'degraded';
+    }
+  } catch {
+    return 'down';
+  }
+}
+
+/** The problem code of a part that is down: `forwarder` → `forwarder_down`, `cli-proxy` → `cli_proxy_down`. */
+function downCode(part: string): string {
+  return `${part.replaceAll('-', '_')}_down`;
+}
+
+/**
+ * Builds one presence report from what is on disk and what the parts answer: the applied
+ * version (apply's record), slots (slot, tokenId, expiresAt: never a token), parts' health
+ * and stable problem codes. Validated against the wire schema before it is sent.
+ */
+export async function buildPresence(config: PresenceConfig, agent: Agent, credentialUsable: boolean, signal: AbortSignal): Promise<Presence> {
+  const paths = handoffPaths(config.handoffDir);
+  const applied = await readAppliedState(config.handoffDir);
+  const { slots, errors } = await readSlots(paths);
+  const parts: Record<string, PartHealth> = {};
+  const problems: string[] = [];
+  for (const [part, url] of Object.entries(config.health)) {
+    const health = await partHealth(agent, url, signal);
+    parts[part] = health;
+    if (health === 'down') problems.push(downCode(part));
+    else if (health === 'degraded') problems.push(`${part.replaceAll('-', '_')}_degraded`);
+  }
+  if (applied?.rejected && (applied.rejected.version === null || applied.rejected.version > applied.version)) problems.push('state_rejected');
+  if (errors.length > 0) problems.push('slot_file_invalid');
+  if (!credentialUsable) problems.push('credential_unusable');
+  return presenceSchema.parse({
+    hostId: config.hostId,
+    version: config.version,
+    stateVersion: applied && applied.appliedAt !== null ? applied.version : null,
+    parts,
+    slots: slots.map((s) => ({ slot: s.slot, tokenId: s.tokenId, expiresAt: s.expiresAt })),
+    problems,
+  });
+}
+
+/**
+ * The link's presence (SPEC §8): `POST /v1/host/presence` every `intervalMs` (±10 %) and
+ * soon after a change (a desired state handed over, applied-state.json or a slot file
+ * changed; `changed()`). A failure is logged (status or error code, never a body) and
+ * retried at the next tick; a 401 halts the link until the credential changes.
+ */
+export function createPresence(config: PresenceConfig, credential: LinkCredential): { service: Service; changed: () => void } {
+  let wakeLoop: (() => void) | undefined;
+  let dirty = true;
+  const changed = (): void => {
+    dirty = true;
+    wakeLoop?.();
+  };
+  const service: Service = {
+    name: 'link-presence',
+    async run({ signal, log, onReload }) {
+      const rand = config.rand ?? Math.random;
+      const paths = handoffPaths(config.handoffDir);
+      const agent = new Agent({ headersTimeout: 15_000, bodyTimeout: 15_000, connect: { timeout: 5_000 } });
+      const healthAgent = new Agent({ headersTimeout: config.healthTimeoutMs, bodyTimeout: config.healthTimeoutMs, connect: { timeout: config.healthTimeoutMs } });
+      let lastSent = 0;
+      let nextRegular = 0;
+
+      const send = async (log: Logger): Promise<void> => {
+        const read = credential.read();
+        if (read.kind !== 'ok') {
+          if (read.kind === 'unusable') log.warn({ problem: read.reason }, 'host credential unusable; presence not sent');
+          return;
+        }
+        const body = await buildPresence(config, healthAgent, true, signal);
+        const url = linkUrl(config.gatewayUrl, PRESENCE_PATH);
+        try {
+          const res = await agent.request({
+            origin: url.origin,
+            path: url.pathname,
+            method: 'POST',
+            headers: { authorization: `Bearer ${read.credential}`, 'content-type': 'application/json' },
+            body: JSON.stringify(body),
+            signal,
+          });
+          await res.body.dump().catch(() => undefined);
+          if (res.statusCode === 401) {
+            credential.halt(read.credential);
+            return;
+          }
+          if (res.statusCode >= 200 && res.statusCode < 300) {
+            log.debug({ stateVersion: body.stateVersion, slots: body.slots.length, problems: body.problems }, 'presence reported');
+          } else {
+            log.warn({ status: res.statusCode }, 'presence refused; retrying at the next tick');
+          }
+        } catch (err) {
+          if (signal.aborted) return;
+          log.warn({ reason: `network: ${(err as { code?: string }).code ?? 'network_error'}` }, 'presence failed; retrying at the next tick');
+        }
+      };
+
+      const step = async (): Promise<number> => {
+        const now = Date.now();
+        if (credential.halted && credential.read().kind === 'halted') return config.intervalMs;
+        if (!dirty && now < nextRegular) return nextRegular - now;
+        if (now - lastSent < config.minGapMs) return config.minGapMs - (now - lastSent);
+        dirty = false;
+        lastSent = now;
+        await send(log);
+        const interval = Math.round(config.intervalMs * (0.9 + 0.2 * rand()));
+        nextRegular = Date.now() + interval;
+        return dirty ? Math.max(0, config.minGapMs - (Date.now() - lastSent)) : interval;
+      };
+
+      const watcher = watch([appliedStatePath(config.handoffDir), paths.slots], {
+        ignoreInitial: true,
+        depth: 0,
+        ignored: (p: string) => basename(p).startsWith('.'),
+      });
+      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the hand-off failed; presence keeps its regular ticks'));
+      try {
+        await runLoop({
+          name: 'link-presence',
+          log,
+          signal,
+          step,
+          subscribeWake: (wake) => {
+            wakeLoop = wake;
+            watcher.on('all', changed);
+            const offCred = credential.onChange(changed);
+            const offReload = onReload(changed);
+            return () => {
+              wakeLoop = undefined;
+              offCred();
+              offReload();
+            };
+          },
+        });
+      } finally {
+        await watcher.close();
+        await agent.destroy().catch(() => undefined);
+        await healthAgent.destroy().catch(() => undefined);
+      }
+    },
+  };
+  return { service, changed };
+}
