@@ -15,25 +15,31 @@ import { makeRig } from './helpers/renew-harness.js';
  */
 
 const isRoot = process.getuid?.() === 0;
-/** Root writes anywhere whatever the mode: the unwritable cases run the CLI as nobody. */
-const NOBODY = { uid: 65534, gid: 65534 };
 
-/** Starts the CLI as nobody when we are root (so a 0555 directory really is unwritable). */
+/**
+ * Starts the CLI unable to write where the modes say it may not. Root writes anywhere
+ * through CAP_DAC_OVERRIDE, so as root the CLI runs with that capability (and
+ * CAP_DAC_READ_SEARCH) dropped from its bounding set: still uid 0, so it can read this
+ * checkout even when the checkout sits in a directory no other user can enter, but a
+ * root-owned 0555 directory is now really unwritable.
+ */
 function startUnprivileged(args: string[]): CliProc {
-  const child = spawn(process.execPath, [CLI, ...args], {
+  const node = [process.execPath, CLI, ...args];
+  // `env -u NODE_OPTIONS`: tap's loaders are not the product's.
+  const argv = isRoot ? ['env', '-u', 'NODE_OPTIONS', 'setpriv', '--bounding-set=-dac_override,-dac_read_search', '--', ...node] : node;
+  const child = spawn(argv[0] as string, argv.slice(1), {
     env: { ...process.env, NOTIFY_SOCKET: '' },
     stdio: ['ignore', 'pipe', 'pipe'],
-    ...(isRoot ? NOBODY : {}),
   });
   const proc = new CliProc(child);
   allProcs.push(proc);
   return proc;
 }
 
-/** A directory nobody (or we, when not root) can enter but not write. */
+/** A directory we can enter but not write (without DAC override). */
 function readOnlyDir(prefix: string): string {
   const d = tempDir(prefix);
-  chmodSync(d, 0o755);
+  chmodSync(d, 0o555);
   return d;
 }
 
