@@ -74,12 +74,15 @@ export function createApplyService(config: ApplyConfig): Service {
         depth: 0,
         ignored: (p: string) => p !== paths.root && basename(p) !== basename(paths.desiredState),
       });
+      // Both listeners before either can fire.
+      const watcherReady = new Promise<void>((r) => watcher.once('ready', () => r()));
+      const stateWatcherReady = new Promise<void>((r) => stateWatcher.once('ready', () => r()));
       try {
         stateWatcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching desired-state.json failed; falling back to periodic scans'));
-        await new Promise<void>((r) => stateWatcher.once('ready', () => r()));
         watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
-        await new Promise<void>((r) => watcher.once('ready', () => r()));
+        await Promise.all([watcherReady, stateWatcherReady]);
         await notifier.ready('watching inbox');
+        log.info({ desiredState: config.reconcile !== undefined }, 'apply watching');
         const stopWatchdog = notifier.startWatchdog();
         try {
           await runLoop({
@@ -92,7 +95,14 @@ export function createApplyService(config: ApplyConfig): Service {
             },
             subscribeWake: (wake) => {
               watcher.on('add', wake).on('change', wake).on('raw', wake);
-              stateWatcher.on('add', wake).on('change', wake);
+              // 'raw' too: chokidar throttles a second change of one path within 50 ms.
+              const stateName = basename(paths.desiredState);
+              stateWatcher
+                .on('add', wake)
+                .on('change', wake)
+                .on('raw', (_event: string, path: string) => {
+                  if (basename(path) === stateName) wake();
+                });
               return onReload(() => {
                 log.info('SIGHUP: rescanning the inbox');
                 wake();
