@@ -252,4 +252,10 @@ t.test('bind and unbind are refused on an enrolled host: exit 2, naming the Gate
   const free = join(state, 'not-enrolled', 'host-credential');
   const ok = await run(['bind', B1, '--instance-id', 'inst-x', '--upstream', 'https://gw.managed.example/mcp'], free);
   t.equal(ok.code, 0, 'a host never enrolled binds as before');
+  const tokenFile = join(state, 'mcp-forwarder', 'inst-x.token');
+  writeToken(tokenFile, 'tok-managed-unbind-LMNO');
+  knownSecrets.add('tok-managed-unbind-LMNO');
+  const un = await run(['unbind', B1], free);
+  t.equal(un.code, 0, 'and unbinds');
+  t.notOk(existsSync(tokenFile), 'unbind of the instance\'s last binding deleted its token file');
 });
