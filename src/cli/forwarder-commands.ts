@@ -1,5 +1,7 @@
 import { randomBytes } from 'node:crypto';
+import { lstat, readFile, unlink } from 'node:fs/promises';
 import { resolve } from 'node:path';
+import { DEFAULT_CREDENTIAL_PATH, GATEWAY_URL_ENV, linkFiles } from '../link/enroll.js';
 import type { Command } from 'commander';
 import { Option } from 'commander';
 import { z } from 'zod';
@@ -24,7 +26,31 @@ interface StateOpts {
   stateDir?: string;
   instances?: string;
   handoff?: string;
+  credential?: string;
 }
+
+/**
+ * SPEC §8: an enrolled host is managed by its Gateway; bindings come from the desired
+ * state, so bind and unbind refuse (exit 2) and name the Gateway. Enrolled means the host
+ * credential exists; the Gateway URL is read from link.env beside it.
+ */
+export async function refuseIfEnrolled(credential: string | undefined, command: string): Promise<void> {
+  const files = linkFiles(resolve(credential ?? DEFAULT_CREDENTIAL_PATH));
+  // lstat, not read: the credential is a secret, and a non-root user cannot read it anyway.
+  const enrolled = await lstat(files.credential).then(
+    () => true,
+    (err: NodeJS.ErrnoException) => err.code !== 'ENOENT',
+  );
+  if (!enrolled) return;
+  const env = await readFile(files.env, 'utf8').catch(() => '');
+  const line = env.split('\n').find((l) => l.startsWith(`${GATEWAY_URL_ENV}=`));
+  const gateway = line ? line.slice(GATEWAY_URL_ENV.length + 1).trim() : '(unknown: link.env has no Gateway URL)';
+  throw new ConfigError(
+    `this host is enrolled with the Gateway ${gateway}: its bindings are managed there, so \`${command}\` is refused; connect or disconnect in the platform (or \`agent-connectors unenroll\` to manage this host by hand)`,
+  );
+}
+
+const credentialHelp = `host credential whose presence marks the host enrolled (default: ${DEFAULT_CREDENTIAL_PATH})`;
 
 export function registerForwarderCommands(program: Command): void {
   addServerOptions(
@@ -52,7 +78,9 @@ export function registerForwarderCommands(program: Command): void {
     .option('--state-dir <dir>', 'state root')
     .option('--instances <file>', 'binding registry file')
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
+    .option('--credential <file>', credentialHelp)
     .action(async (id: string | undefined, opts: Record<string, string>) => {
+      await refuseIfEnrolled(opts.credential, 'bind');
       const bindingId = id ? parseOption(bindingIdSchema, id, 'bindingId') : randomBytes(24).toString('base64url');
       const layout = layoutFrom(opts);
       const binding: Binding = parseOption(
@@ -77,17 +105,25 @@ export function registerForwarderCommands(program: Command): void {
     .option('--state-dir <dir>', 'state root')
     .option('--instances <file>', 'binding registry file')
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
+    .option('--credential <file>', credentialHelp)
     .action(async (id: string, opts: StateOpts) => {
+      await refuseIfEnrolled(opts.credential, 'unbind');
       const layout = layoutFrom(opts);
       const removed = await updateInstances(layout.instances, (current) => {
         if (!Object.hasOwn(current, id)) return { next: current, result: undefined };
         const { [id]: gone, ...rest } = current;
         const stillUsed = Object.values(rest).some((b) => b.instanceId === gone?.instanceId);
-        return { next: rest, result: { instanceId: gone?.instanceId ?? '', stillUsed } };
+        const fileStillUsed = Object.values(rest).some((b) => b.tokenFile === gone?.tokenFile);
+        return { next: rest, result: { instanceId: gone?.instanceId ?? '', tokenFile: gone?.tokenFile ?? '', stillUsed, fileStillUsed } };
       });
       if (!removed) throw new ConfigError(`no such binding: ${id.slice(0, 4)}…`);
-      // Last binding of the instance gone: stop renewing its token.
+      // Last binding of the instance gone: stop renewing its token, and delete it at once.
       if (!removed.stillUsed) await retireSlot(handoffPaths(layout.handoff), instanceSlot(removed.instanceId));
+      if (!removed.stillUsed && !removed.fileStillUsed && removed.tokenFile) {
+        await unlink(removed.tokenFile).catch((err: NodeJS.ErrnoException) => {
+          if (err.code !== 'ENOENT') throw err;
+        });
+      }
     });
 
   program

@@ -1,11 +1,9 @@
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
-import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import { upstreamUrlSchema } from '../data/fields.js';
 import { hostIdSchema } from '../data/link-wire.js';
-import { isLoopbackHostname } from '../net/loopback-address.js';
 import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
 import { createLinkServices } from '../link/link.js';
 import { readPairingCode } from '../link/pairing-code.js';
@@ -15,14 +13,7 @@ import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.j
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { version } from '../version.js';
-import { layoutFrom, logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
-
-const loopbackHttpUrl = z
-  .url()
-  .refine((v) => {
-    const u = new URL(v);
-    return u.protocol === 'http:' && isLoopbackHostname(u.hostname);
-  }, 'must be an http:// URL on loopback (127.0.0.1, ::1, localhost)');
+import { layoutFrom, logLevelOption, loggerFrom, loopbackHttpUrl, parseOption, positiveInt } from './options.js';
 
 /** The options of `link` and its alias `renew fetch`. */
 export function addLinkOptions(cmd: Command): Command {

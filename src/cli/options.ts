@@ -4,6 +4,7 @@ import { Option, type Command } from 'commander';
 import { z } from 'zod';
 import { resolveStateDir, stateLayout, type StateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
+import { isLoopbackHostname } from '../net/loopback-address.js';
 import { defaultUpstreamOptions, type UpstreamOptions } from '../http/upstream-agent.js';
 import { DEFAULT_TOKEN_WAIT_MS } from '../token/token-wait.js';
 import { parseListen, type ListenAddress } from '../http/loopback.js';
@@ -31,6 +32,12 @@ export function layoutFrom(opts: { stateDir?: unknown; instances?: unknown; prov
     ...(handoff ? { handoff: resolve(handoff) } : {}),
   };
 }
+
+/** An http:// URL on loopback (127.0.0.1, ::1, localhost): where the parts talk to each other. */
+export const loopbackHttpUrl = z.url().refine((v) => {
+  const u = new URL(v);
+  return u.protocol === 'http:' && isLoopbackHostname(u.hostname);
+}, 'must be an http:// URL on loopback (127.0.0.1, ::1, localhost)');
 
 export function parseOption<T>(schema: z.ZodType<T>, value: unknown, flag: string): T {
   const r = schema.safeParse(value);

@@ -1,3 +1,4 @@
+import { resolve } from 'node:path';
 import { type Command } from 'commander';
 import { stateLayout } from '../data/state-layout.js';
 import { createApplyService } from '../renew/apply-service.js';
@@ -5,8 +6,10 @@ import { handoffPaths } from '../data/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
+import { installShims } from '../shims/install.js';
+import { DEFAULT_CLI_PROXY_LISTEN, defaultShimDir } from './cli-proxy-commands.js';
 import { addLinkOptions, runLink } from './link-commands.js';
-import { layoutFrom, logLevelOption, loggerFrom } from './options.js';
+import { layoutFrom, logLevelOption, loggerFrom, loopbackHttpUrl, parseOption } from './options.js';
 
 /** Where apply writes token files unless a binding or the catalog names another path. */
 export function defaultTokenDirs(stateDir: string): string[] {
@@ -30,18 +33,31 @@ export function registerRenewCommands(program: Command): void {
     .option('--state-dir <dir>', 'state root (token files, instances.json, providers.json)')
     .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)')
     .option('--providers <file>', 'cli-proxy catalog (default: <state>/cli-proxy/providers.json)')
+    .option('--shim-dir <dir>', 'where the desired state\'s shims are rendered (default: /var/lib/agent-connectors-shims as root, else <state>/shims)')
+    .option('--proxy-url <url>', 'cli-proxy base URL baked into those shims', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
     .option('--watch', 'keep running and apply as files arrive (hosts without systemd)')
     .addOption(logLevelOption())
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const log = loggerFrom(opts);
       const layout = layoutFrom(opts);
       const targets = { stateDir: layout.root, instancesPath: layout.instances, providersPath: layout.providers };
+      const shimDir = resolve(typeof opts.shimDir === 'string' ? opts.shimDir : defaultShimDir(layout.root));
+      const proxyUrl = new URL(parseOption(loopbackHttpUrl, opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`, '--proxy-url')).origin;
       const service = createApplyService({
         watch: Boolean(opts.watch),
         rescanMs: 30_000,
         paths: handoffPaths(layout.handoff),
         tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
         tokenDirs: defaultTokenDirs(layout.root),
+        reconcile: {
+          layout,
+          instancesPath: layout.instances,
+          providersPath: layout.providers,
+          renderShims: async (catalog) => {
+            const r = await installShims(catalog, shimDir, proxyUrl);
+            log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
+          },
+        },
       });
       await runServices([service], { log, notifier: createNotifier({ log }) });
     });

@@ -3,7 +3,9 @@ import { watch } from 'chokidar';
 import { checkWritableDir } from '../fs/atomic-write.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
+import { existsSync } from 'node:fs';
 import { applyInbox, type ApplyDeps } from './apply.js';
+import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
 
 export interface ApplyConfig {
   watch: boolean;
@@ -13,6 +15,12 @@ export interface ApplyConfig {
   tokenFilesFor: ApplyDeps['tokenFilesFor'];
   /** The state directories the token files go to by default (checked writable at start). */
   tokenDirs: readonly string[];
+  /**
+   * Reconcile of `<handoff>/desired-state.json` (SPEC §8): where the registry and catalog
+   * go, token paths, and the shim renderer (injected by the CLI). Without it, or without
+   * the file, apply does only what it always did.
+   */
+  reconcile?: Pick<ReconcileDeps, 'layout' | 'instancesPath' | 'providersPath' | 'renderShims'>;
 }
 
 /**
@@ -32,9 +40,12 @@ export function createApplyService(config: ApplyConfig): Service {
       await checkWritableDir(paths.slots, 'the hand-off slot files');
       for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
       const deps: ApplyDeps = { paths, tokenFilesFor: config.tokenFilesFor, log, signal };
+      const memo: { lastDigest?: string } = {};
       const applyAll = async (): Promise<void> => {
         try {
-          const stats = await applyInbox(deps);
+          // The desired state first: a new slot's token arrives in the inbox after it.
+          if (config.reconcile) await reconcileDesiredState({ ...config.reconcile, paths, log, signal, memo });
+          const stats = await applyInbox({ ...deps, managed: config.reconcile !== undefined && existsSync(paths.desiredState) });
           if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
         } catch (err) {
           // Stopped while waiting for the lock: nothing half done, the next run applies.
@@ -56,10 +67,22 @@ export function createApplyService(config: ApplyConfig): Service {
       }
       // fetch's temp files are 0600 until renamed: ignore them, and never die of a watch error.
       const watcher = watch(paths.inbox, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
+      // The link renames desired-state.json into the hand-off root; only that name wakes us
+      // (apply's own applied-state.json and lock files live there too).
+      const stateWatcher = watch(paths.root, {
+        ignoreInitial: true,
+        depth: 0,
+        ignored: (p: string) => p !== paths.root && basename(p) !== basename(paths.desiredState),
+      });
+      // Both listeners before either can fire.
+      const watcherReady = new Promise<void>((r) => watcher.once('ready', () => r()));
+      const stateWatcherReady = new Promise<void>((r) => stateWatcher.once('ready', () => r()));
       try {
+        stateWatcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching desired-state.json failed; falling back to periodic scans'));
         watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
-        await new Promise<void>((r) => watcher.once('ready', () => r()));
+        await Promise.all([watcherReady, stateWatcherReady]);
         await notifier.ready('watching inbox');
+        log.info({ desiredState: config.reconcile !== undefined }, 'apply watching');
         const stopWatchdog = notifier.startWatchdog();
         try {
           await runLoop({
@@ -72,6 +95,14 @@ export function createApplyService(config: ApplyConfig): Service {
             },
             subscribeWake: (wake) => {
               watcher.on('add', wake).on('change', wake).on('raw', wake);
+              // 'raw' too: chokidar throttles a second change of one path within 50 ms.
+              const stateName = basename(paths.desiredState);
+              stateWatcher
+                .on('add', wake)
+                .on('change', wake)
+                .on('raw', (_event: string, path: string) => {
+                  if (basename(path) === stateName) wake();
+                });
               return onReload(() => {
                 log.info('SIGHUP: rescanning the inbox');
                 wake();
@@ -83,6 +114,7 @@ export function createApplyService(config: ApplyConfig): Service {
         }
       } finally {
         await watcher.close();
+        await stateWatcher.close();
       }
     },
   };

@@ -23,6 +23,8 @@ export interface ApplyDeps {
   now?: () => number;
   /** A stop request: no more waiting for another apply's lock. */
   signal?: AbortSignal;
+  /** Enrolled host (a desired state exists): tokens for slots with no slot file are dropped. */
+  managed?: boolean;
 }
 
 export interface ApplyStats {
@@ -100,10 +102,28 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   const current = (await readSlotFile(paths, slot)) ?? emptySlotFile(slot);
 
   if ('revoked' in msg) {
+    // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
+    let deleted = 0;
+    for (const file of await deps.tokenFilesFor(slot)) {
+      try {
+        await unlink(file);
+        deleted += 1;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      }
+    }
     await writeSlotFile(paths, { ...current, slot, revoked: true });
     await removeIfSame(path, ino);
     stats.applied += 1;
-    log.warn({ slot }, 'slot marked revoked (the Gateway no longer knows it)');
+    log.warn({ slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
+    return;
+  }
+  if (deps.managed && !(await readSlotFile(paths, slot))) {
+    // On an enrolled host the desired state decides the slots: a token for a slot it
+    // retired (fetch's answer racing the retirement) is dropped, never written.
+    await removeIfSame(path, ino);
+    stats.ignored += 1;
+    log.info({ slot }, 'inbox file for a slot that is not in force; dropped');
     return;
   }
   if (!isNewer(msg, current)) {

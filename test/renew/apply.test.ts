@@ -278,7 +278,7 @@ t.test('a symlinked inbox file is rejected, its target is not read or moved', as
   t.equal(readFileSync(outside, 'utf8'), JSON.stringify(body()), 'target untouched');
 });
 
-t.test('a revocation notice marks the slot revoked, keeps the token file', async (t) => {
+t.test('a revocation notice marks the slot revoked and deletes the token file at once (SPEC §8)', async (t) => {
   const e = env();
   putBody(e.p, body());
   await applyInbox(e.deps);
@@ -292,8 +292,8 @@ t.test('a revocation notice marks the slot revoked, keeps the token file', async
   t.match(slot, { slot: SLOT, tokenId: 'tok-1', generation: 1 }, 'what was applied is still recorded');
   t.equal(modeOf(join(e.p.slots, `${SLOT}.json`)), 0o640);
   t.strictSame(inboxNames(e.p), []);
-  t.strictSame(e.tokenCalls, [], 'no token file touched');
-  t.strictSame(readTokenFile(e.tokenFile), { ok: true, token: body().token });
+  t.strictSame(e.tokenCalls, [SLOT], 'the slot\'s token files looked up');
+  t.notOk(existsSync(e.tokenFile), 'the dead token is deleted');
   t.ok(e.records.some((r) => r.level === 40 && r.slot === SLOT), 'a warning names the slot');
 });
 

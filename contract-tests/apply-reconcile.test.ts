@@ -1,0 +1,261 @@
+import { once } from 'node:events';
+import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { request } from 'undici';
+import { checkNoLeaks, knownSecrets, startCli, writeJsonAtomic, writeToken, type CliProc, type LogLine } from '../test/support/cli-proc.js';
+import { deferred, until, within } from '../test/support/poll.js';
+import { MockGateway, sse } from '../test/support/mock-gateway.js';
+import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { send } from './helpers/http-raw.js';
+import { StreamReader } from './helpers/sse-client.js';
+
+/**
+ * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8), black-box: the built
+ * CLI's `renew apply --watch`, a forwarder and a cli-proxy on one state root. The link is
+ * played by this test (it writes desired-state.json by rename, as the link does), renewal
+ * too (token files written where apply put the token paths).
+ */
+
+const B1 = 'bind_reconcile_AAAA_01';
+const B2 = 'bind_reconcile_BBBB_02';
+const APPLIED = 'desired state applied';
+const REJECTED = 'desired state rejected; the last good one stays in force';
+
+interface World {
+  state: string;
+  handoff: string;
+  shimDir: string;
+  gw: MockGateway;
+  fwd: ProxyProc;
+  cli: ProxyProc;
+  instanceToken: (id: string) => string;
+  providerToken: (name: string) => string;
+  writeState: (s: unknown) => void;
+  startApply: (env?: NodeJS.ProcessEnv) => Promise<CliProc>;
+}
+
+async function world(tt: TapTest): Promise<World> {
+  const state = tempDir('ac-reconcile-', tt);
+  const handoff = join(state, 'handoff');
+  for (const d of ['inbox', 'slots']) mkdirSync(join(handoff, d), { recursive: true });
+  const gw = await MockGateway.start();
+  tt.teardown(() => gw.close());
+  const fwd = await startProxy(tt, 'forwarder', { stateDir: state });
+  const cli = await startProxy(tt, 'cli-proxy', { stateDir: state });
+  const shimDir = join(state, 'shim-out');
+  return {
+    state,
+    handoff,
+    shimDir,
+    gw,
+    fwd,
+    cli,
+    instanceToken: (id) => join(state, 'mcp-forwarder', `${id}.token`),
+    providerToken: (name) => join(state, 'cli-proxy', `${name}.token`),
+    writeState: (s) => writeJsonAtomic(join(handoff, 'desired-state.json'), s),
+    startApply: async (env = {}) => {
+      const proc = startCli(['renew', 'apply', '--watch', '--state-dir', state, '--shim-dir', shimDir, '--log-level', 'trace'], env);
+      tt.teardown(() => proc.stop('SIGKILL'));
+      await proc.waitForLog((l) => l.msg === 'apply watching', 10_000);
+      return proc;
+    },
+  };
+}
+
+function desired(w: World, version: number, bindings: Record<string, string>, providers: string[]): Record<string, unknown> {
+  return {
+    version,
+    bindings: Object.fromEntries(Object.entries(bindings).map(([id, inst]) => [id, { instanceId: inst, upstreamUrl: w.gw.url(`/mcp/${inst}`) }])),
+    providers: Object.fromEntries(
+      providers.map((p) => [p, { upstream: w.gw.url(`/api/${p}`), inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' }, commands: [{ name: `${p}-cli` }] }]),
+    ),
+  };
+}
+
+const appliedLine = (v: number) => (l: LogLine) => l.msg === APPLIED && l.version === v;
+
+function readJson(path: string): Record<string, unknown> {
+  return JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+}
+
+/** Every regular file under `dir`, recursively. */
+function filesUnder(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = join(dir, e.name);
+    return e.isDirectory() ? filesUnder(p) : e.isFile() ? [p] : [];
+  });
+}
+
+const mcp = (w: World, id: string) => send(`${w.fwd.base}/i/${id}/mcp`, { body: '{"jsonrpc":"2.0","id":1,"method":"tools/list"}' });
+const api = (w: World, p: string) => send(`${w.cli.base}/p/${p}/user`, { method: 'GET', headers: {} });
+
+/** Applies v1 (B1 → inst-a, provider `rec`) and writes its tokens as renewal would. */
+async function applyFirst(t: TapTest, w: World, apply: CliProc): Promise<{ tokA: string; tokRec: string }> {
+  const fwdMark = w.fwd.logs.length;
+  const cliMark = w.cli.logs.length;
+  w.writeState(desired(w, 1, { [B1]: 'inst-a' }, ['rec']));
+  await apply.waitForLog(appliedLine(1));
+  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'slot created for the new instance');
+  t.ok(existsSync(join(w.handoff, 'slots', 'cli:rec.json')), 'slot created for the new provider');
+  t.equal(statSync(join(w.state, 'mcp-forwarder', 'instances.json')).mode & 0o777, 0o600, 'instances.json 0600');
+  t.equal(statSync(join(w.state, 'cli-proxy', 'providers.json')).mode & 0o777, 0o600, 'providers.json 0600');
+  t.ok(existsSync(join(w.shimDir, 'rec-cli')), 'shim rendered into --shim-dir');
+  const tokA = `tok-reconcile-a-${Date.now()}-XYZW`;
+  const tokRec = `tok-reconcile-rec-${Date.now()}-QRST`;
+  knownSecrets.add(tokA).add(tokRec);
+  writeToken(w.instanceToken('inst-a'), tokA);
+  writeToken(w.providerToken('rec'), tokRec);
+  await w.fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1, 10_000, fwdMark);
+  await w.cli.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1, 10_000, cliMark);
+  return { tokA, tokRec };
+}
+
+t.test('a desired state makes the forwarder serve the binding and the cli-proxy the provider; dropping them deletes the tokens and 404s within 2 s, in-flight SSE intact', async (t) => {
+  const w = await world(t);
+  const apply = await w.startApply();
+  const { tokA, tokRec } = await applyFirst(t, w, apply);
+
+  const r1 = await mcp(w, B1);
+  t.equal(r1.status, 200, 'forwarder serves the new binding');
+  t.equal(w.gw.requests.at(-1)?.headers.authorization, `Bearer ${tokA}`, 'with the binding token');
+  const r2 = await api(w, 'rec');
+  t.equal(r2.status, 200, 'cli-proxy serves the new provider');
+  t.equal(w.gw.requests.at(-1)?.headers.authorization, `Bearer ${tokRec}`, 'with the provider token');
+
+  // An SSE stream through B1, open across the drop.
+  const up = deferred<{ send: (d: string) => void; end: () => void }>();
+  w.gw.handle((_seen, res) => up.resolve(sse(res)));
+  const res = await request(`${w.fwd.base}/i/${B1}/mcp`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow"}}',
+  });
+  const reader = new StreamReader(res.body);
+  const stream = await within(up.promise, 10_000, 'the upstream SSE stream');
+  const ev1 = 'event: message\ndata: {"progress":1}\n\n';
+  stream.send(ev1);
+  await reader.waitForText('"progress":1');
+  w.gw.handle((_seen, r) => {
+    r.writeHead(200, { 'content-type': 'application/json' });
+    r.end('{"jsonrpc":"2.0","id":1,"result":{}}');
+  });
+
+  const t0 = Date.now();
+  w.writeState(desired(w, 2, {}, []));
+  await until(async () => !existsSync(w.instanceToken('inst-a')) && !existsSync(w.providerToken('rec')), 'token files deleted', 5_000);
+  const deletedMs = Date.now() - t0;
+  await until(async () => (await mcp(w, B1)).status === 404 && (await api(w, 'rec')).status === 404, 'both proxies answer 404', 5_000);
+  const notFoundMs = Date.now() - t0;
+  t.comment(`drop → token files deleted: ${deletedMs} ms; → forwarder and cli-proxy 404: ${notFoundMs} ms`);
+  t.ok(notFoundMs <= 2_000, `dropped binding/provider gone within 2 s (${notFoundMs} ms)`);
+  await apply.waitForLog(appliedLine(2));
+
+  const ev2 = 'event: message\ndata: {"jsonrpc":"2.0","id":7,"result":{}}\n\n';
+  stream.send(ev2);
+  stream.end();
+  t.same(await reader.ended, { kind: 'end' }, 'the in-flight stream ended cleanly');
+  t.equal(reader.text(), ev1 + ev2, 'every event arrived whole: not cut mid-event');
+
+  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'binding slot retired');
+  t.notOk(existsSync(join(w.handoff, 'slots', 'cli:rec.json')), 'provider slot retired');
+  t.notOk(existsSync(join(w.shimDir, 'rec-cli')), 'its shim removed');
+  const holding = filesUnder(w.state).filter((f) => {
+    const text = readFileSync(f, 'utf8');
+    return text.includes(tokA) || text.includes(tokRec);
+  });
+  t.same(holding, [], 'no file under the state root (hand-off included) holds an old token');
+  t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 2, appliedAt: String });
+  checkNoLeaks(t);
+});
+
+t.test('a state with one bad entry is rejected whole; the last good one keeps serving; applied-state says rejected', async (t) => {
+  const w = await world(t);
+  const apply = await w.startApply();
+  await applyFirst(t, w, apply);
+  const registry = readFileSync(join(w.state, 'mcp-forwarder', 'instances.json'), 'utf8');
+  const catalog = readFileSync(join(w.state, 'cli-proxy', 'providers.json'), 'utf8');
+
+  const httpUpstream = desired(w, 2, { [B1]: 'inst-a', [B2]: 'inst-b' }, ['rec']);
+  (httpUpstream.bindings as Record<string, { upstreamUrl: string }>)[B2]!.upstreamUrl = 'http://gateway.example.com/mcp';
+  const reservedHeader = desired(w, 3, { [B1]: 'inst-a' }, ['rec', 'other']);
+  (reservedHeader.providers as Record<string, { inject: unknown }>).other!.inject = { type: 'header', name: 'Host', value: '{token}' };
+  const dotdot = desired(w, 4, { [B1]: 'inst-a', [B2]: '../escape' }, ['rec']);
+  for (const [bad, what] of [
+    [httpUpstream, 'an http:// upstream'],
+    [reservedHeader, 'a reserved header'],
+    [dotdot, 'a ../ name'],
+  ] as const) {
+    const mark = apply.logs.length;
+    w.writeState(bad);
+    const line = await apply.waitForLog((l) => l.msg === REJECTED, 10_000, mark);
+    t.equal(line.version, bad.version, `${what}: rejected, logged with its version`);
+    t.notOk(JSON.stringify(line).includes('gateway.example.com'), `${what}: the log names no value`);
+    t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 1, rejected: { version: bad.version, error: String } }, `${what}: applied-state says rejected`);
+    t.equal(readFileSync(join(w.state, 'mcp-forwarder', 'instances.json'), 'utf8'), registry, `${what}: registry kept`);
+    t.equal(readFileSync(join(w.state, 'cli-proxy', 'providers.json'), 'utf8'), catalog, `${what}: catalog kept`);
+  }
+  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'no slot for a rejected state');
+  t.equal((await mcp(w, B1)).status, 200, 'the last good binding still serves');
+  t.equal((await api(w, 'rec')).status, 200, 'the last good provider still serves');
+  checkNoLeaks(t);
+});
+
+t.test('apply SIGKILLed right after writing the registry converges after a restart', async (t) => {
+  const w = await world(t);
+  const first = await w.startApply();
+  const { tokA } = await applyFirst(t, w, first);
+  await first.stop('SIGTERM');
+
+  const crashing = await w.startApply({ AGENT_CONNECTORS_TEST_HOOKS: 'crash:reconcile-after-registry-write' });
+  w.writeState(desired(w, 2, { [B2]: 'inst-b' }, ['rec']));
+  const exit = await within(crashing.exited, 10_000, 'apply to be killed at the crash point');
+  t.equal(exit.signal, 'SIGKILL', 'killed at the crash point');
+  t.ok(Object.hasOwn(readJson(join(w.state, 'mcp-forwarder', 'instances.json')), B2), 'the registry was written');
+  t.ok(existsSync(w.instanceToken('inst-a')), 'the dropped binding\'s token not yet deleted');
+  t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 1 }, 'version 2 not in force');
+
+  const again = await w.startApply();
+  await again.waitForLog(appliedLine(2));
+  t.notOk(existsSync(w.instanceToken('inst-a')), 'the dropped binding\'s token deleted after the restart');
+  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'its slot retired');
+  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'the new slot exists');
+  t.same(Object.keys(readJson(join(w.state, 'mcp-forwarder', 'instances.json'))), [B2]);
+  t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 2 });
+  t.same(filesUnder(w.state).filter((f) => readFileSync(f, 'utf8').includes(tokA)), [], 'no old token left');
+  checkNoLeaks(t);
+});
+
+t.test('bind and unbind are refused on an enrolled host: exit 2, naming the Gateway', async (t) => {
+  const state = tempDir('ac-managed-', t);
+  const etc = join(state, 'etc');
+  mkdirSync(etc, { recursive: true });
+  const credential = join(etc, 'host-credential');
+  writeFileSync(credential, 'hc-secret-not-read\n', { mode: 0o600 });
+  writeFileSync(join(etc, 'link.env'), 'AGENT_CONNECTORS_GATEWAY_URL=https://gw.managed.example\nAGENT_CONNECTORS_HOST_ID=h1\n');
+  const run = async (args: string[], cred = credential): Promise<{ code: number | null; out: string }> => {
+    const proc = startCli([...args, '--state-dir', state, '--credential', cred]);
+    const [code] = (await once(proc.child, 'close')) as [number | null];
+    return { code, out: proc.lines.join('\n') };
+  };
+  const bind = await run(['bind', B1, '--instance-id', 'inst-x', '--upstream', 'https://gw.managed.example/mcp']);
+  t.equal(bind.code, 2, 'bind exits 2');
+  t.match(bind.out, /https:\/\/gw\.managed\.example/, 'bind names the Gateway');
+  t.notOk(existsSync(join(state, 'mcp-forwarder', 'instances.json')), 'nothing written');
+  const unbind = await run(['unbind', B1]);
+  t.equal(unbind.code, 2, 'unbind exits 2');
+  t.match(unbind.out, /https:\/\/gw\.managed\.example/, 'unbind names the Gateway');
+
+  const free = join(state, 'not-enrolled', 'host-credential');
+  const ok = await run(['bind', B1, '--instance-id', 'inst-x', '--upstream', 'https://gw.managed.example/mcp'], free);
+  t.equal(ok.code, 0, 'a host never enrolled binds as before');
+  const tokenFile = join(state, 'mcp-forwarder', 'inst-x.token');
+  writeToken(tokenFile, 'tok-managed-unbind-LMNO');
+  knownSecrets.add('tok-managed-unbind-LMNO');
+  const un = await run(['unbind', B1], free);
+  t.equal(un.code, 0, 'and unbinds');
+  t.notOk(existsSync(tokenFile), 'unbind of the instance\'s last binding deleted its token file');
+});

@@ -1,0 +1,223 @@
+import { createHash } from 'node:crypto';
+import { mkdir, readFile, unlink } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
+import { readCatalog, type Catalog } from '../data/catalog.js';
+import { parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { readSlots, type HandoffPaths } from '../data/handoff.js';
+import { readInstances, type InstancesFile } from '../data/registry.js';
+import { parseSlotId } from '../data/renew-wire.js';
+import type { StateLayout } from '../data/state-layout.js';
+import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { withFileLock } from '../fs/file-lock.js';
+import type { Logger } from '../log/logger.js';
+import { crashPoint } from '../service/test-hooks.js';
+import { ensureSlot, retireSlot } from './slot-admin.js';
+
+/**
+ * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
+ * as a whole, applied completely or not at all. The plan is pure (current vs desired); the
+ * executor runs it in a crash-safe order:
+ *   1. slot files for new slots (fetch renews them at once)
+ *   2. instances.json and providers.json, atomically, 0600
+ *   3. for what is gone: token file deleted, then its slot retired (the slot file is the
+ *      durable reminder, so a crash between the two still cleans up on the next run)
+ *   4. shims re-rendered (injected: renew must not import shims/)
+ *   5. applied-state.json
+ * A crash anywhere before 5 leaves the version not in force, and the next run re-applies
+ * it; every step is idempotent.
+ */
+
+export interface ReconcileCurrent {
+  instances: InstancesFile;
+  catalog: Catalog;
+  /** Slot ids with a slot file in the hand-off. */
+  slots: ReadonlySet<string>;
+}
+
+export interface ReconcilePlan {
+  instances: InstancesFile;
+  catalog: Catalog;
+  /** Whether each file differs from what is there. */
+  writeInstances: boolean;
+  writeCatalog: boolean;
+  /** Slots the state needs (created or revived, idempotent), sorted. */
+  ensureSlots: string[];
+  /** Of those, the ones with no slot file yet. */
+  newSlots: string[];
+  /** Slot files for nothing in the state. */
+  retireSlots: string[];
+  /** Token files nothing in the state uses any more. */
+  deleteTokenFiles: string[];
+}
+
+const sameJson = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
+
+/** The default token file of a slot (where apply wrote it when no config named one). */
+function defaultTokenFile(slot: string, layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>): string | undefined {
+  const parsed = parseSlotId(slot);
+  if (!parsed) return undefined;
+  return parsed.kind === 'instance' ? layout.instanceToken(parsed.id) : layout.providerToken(parsed.id);
+}
+
+/** Current vs desired → what to write, create, retire and delete. Pure. */
+export function planReconcile(
+  current: ReconcileCurrent,
+  desired: DesiredState,
+  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>,
+): ReconcilePlan {
+  const { instances, catalog } = toLocalConfig(desired, layout);
+  const wanted = slotsOf(desired);
+  const ensureSlots = [...wanted].sort();
+  const newSlots = ensureSlots.filter((s) => !current.slots.has(s));
+  const currentSlots = new Set([...current.slots, ...slotsOf({ bindings: current.instances, providers: current.catalog })]);
+  const retireSlots = [...currentSlots].filter((s) => !wanted.has(s)).sort();
+  const keep = new Set([...Object.values(instances).map((b) => b.tokenFile), ...Object.values(catalog).map((p) => p.tokenFile)]);
+  const candidates = new Set<string>([
+    ...Object.values(current.instances).map((b) => b.tokenFile),
+    ...Object.values(current.catalog).map((p) => p.tokenFile),
+    ...retireSlots.flatMap((s) => defaultTokenFile(s, layout) ?? []),
+  ]);
+  const deleteTokenFiles = [...candidates].filter((f) => !keep.has(f)).sort();
+  return {
+    instances,
+    catalog,
+    writeInstances: !sameJson(current.instances, instances),
+    writeCatalog: !sameJson(current.catalog, catalog),
+    ensureSlots,
+    newSlots,
+    retireSlots,
+    deleteTokenFiles,
+  };
+}
+
+export interface ReconcileDeps {
+  paths: HandoffPaths;
+  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>;
+  instancesPath: string;
+  providersPath: string;
+  /** Re-renders the shims for the catalog now in force (the CLI wires shims/ in). */
+  renderShims?: (catalog: Catalog) => Promise<void>;
+  log: Logger;
+  now?: () => number;
+  signal?: AbortSignal;
+  /** The digest of the last desired-state text handled, so a rescan does not redo it. */
+  memo?: { lastDigest?: string };
+}
+
+export type ReconcileOutcome =
+  | { kind: 'absent' }
+  | { kind: 'unchanged' }
+  | { kind: 'rejected'; version: number | null; error: string }
+  | { kind: 'stale'; version: number; inForce: number }
+  | { kind: 'applied'; version: number; plan: ReconcilePlan };
+
+/** Deletes a file; gone already is fine. */
+export async function deleteFile(path: string): Promise<boolean> {
+  try {
+    await unlink(path);
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
+  }
+}
+
+async function writeAppliedState(paths: HandoffPaths, state: AppliedState): Promise<void> {
+  await atomicWrite(appliedStatePath(paths.root), `${JSON.stringify(state)}\n`, { mode: 0o640 });
+}
+
+async function writeConfig(path: string, value: unknown): Promise<void> {
+  const dir = dirname(path);
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  await sweepStaleTemps(dir, { target: basename(path) });
+  await atomicWrite(path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) });
+}
+
+/** The version only, from a state that failed validation (for the rejected record). */
+function readableVersion(text: string): number | null {
+  try {
+    const v: unknown = (JSON.parse(text) as { version?: unknown } | null)?.version;
+    return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+/** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
+export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const lock = {
+    signal: deps.signal,
+    onWait: (owner: number) => log.info({ owner: owner || null }, 'waiting for another apply to finish'),
+  };
+  return withFileLock(join(paths.root, 'apply'), async (): Promise<ReconcileOutcome> => {
+    const text = await readFile(paths.desiredState, 'utf8').catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return undefined;
+      throw err;
+    });
+    if (text === undefined) return { kind: 'absent' };
+    const digest = createHash('sha256').update(text).digest('hex');
+    if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
+    const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
+    const parsed = parseDesiredState(text);
+    if (!parsed.ok) {
+      const version = readableVersion(text);
+      await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: parsed.error.slice(0, 1000), at: new Date(now()).toISOString() } });
+      if (deps.memo) deps.memo.lastDigest = digest;
+      log.error({ version, inForce: applied.version, reason: parsed.error }, 'desired state rejected; the last good one stays in force');
+      return { kind: 'rejected', version, error: parsed.error };
+    }
+    const desired = parsed.value;
+    // The same version may be in force only half applied after a crash: applied-state is
+    // written last, so "in force" means complete. Equal → done; older → ignored.
+    if (desired.version <= applied.version && applied.appliedAt !== null) {
+      if (deps.memo) deps.memo.lastDigest = digest;
+      if (desired.version < applied.version) {
+        log.warn({ version: desired.version, inForce: applied.version }, 'desired state older than the one in force; ignored');
+        return { kind: 'stale', version: desired.version, inForce: applied.version };
+      }
+      return { kind: 'unchanged' };
+    }
+
+    const current: ReconcileCurrent = {
+      // A hand-edited file apply cannot read is replaced; its token files are then found
+      // through the slot files only.
+      instances: await readInstances(deps.instancesPath).catch(() => ({})),
+      catalog: await readCatalog(deps.providersPath).catch(() => ({})),
+      slots: new Set((await readSlots(paths)).slots.map((s) => s.slot)),
+    };
+    const plan = planReconcile(current, desired, deps.layout);
+
+    // 1. new slots first: a binding in the registry always has a slot to renew it.
+    for (const slot of plan.ensureSlots) await ensureSlot(paths, slot);
+    // 2. the registry and the catalog.
+    if (plan.writeInstances) await writeConfig(deps.instancesPath, plan.instances);
+    crashPoint('reconcile-after-registry-write');
+    if (plan.writeCatalog) await writeConfig(deps.providersPath, plan.catalog);
+    // 3. what is gone: token file first, then the slot (the slot file is the reminder).
+    let deleted = 0;
+    for (const file of plan.deleteTokenFiles) if (await deleteFile(file)) deleted += 1;
+    for (const slot of plan.retireSlots) await retireSlot(paths, slot);
+    // 4. shims for the catalog now in force.
+    if (deps.renderShims) await deps.renderShims(plan.catalog);
+    // 5. in force.
+    // A rejection of something newer than what is now in force stays on record.
+    const rejected = applied.rejected && (applied.rejected.version === null || applied.rejected.version > desired.version) ? { rejected: applied.rejected } : {};
+    await writeAppliedState(paths, { version: desired.version, appliedAt: new Date(now()).toISOString(), ...rejected });
+    if (deps.memo) deps.memo.lastDigest = digest;
+    log.info(
+      {
+        version: desired.version,
+        bindings: Object.keys(plan.instances).length,
+        providers: Object.keys(plan.catalog).length,
+        newSlots: plan.newSlots.length,
+        retiredSlots: plan.retireSlots.length,
+        deletedTokenFiles: deleted,
+      },
+      'desired state applied',
+    );
+    return { kind: 'applied', version: desired.version, plan };
+  }, lock);
+}

@@ -1,0 +1,128 @@
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { readAppliedState } from '../../src/data/applied-state.js';
+import type { Catalog } from '../../src/data/catalog.js';
+import type { DesiredState } from '../../src/data/desired-state.js';
+import { handoffPaths, readSlots } from '../../src/data/handoff.js';
+import { stateLayout } from '../../src/data/state-layout.js';
+import { planReconcile, reconcileDesiredState, type ReconcileDeps } from '../../src/renew/reconcile.js';
+import { memoryLogger } from '../helpers/memory-log.js';
+import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+
+const layout = stateLayout('/s');
+const B1 = 'bind-aaaaaaaa';
+const B2 = 'bind-bbbbbbbb';
+const B3 = 'bind-cccccccc';
+
+function state(version: number, bindings: Record<string, string>, providers: string[]): DesiredState {
+  return {
+    version,
+    bindings: Object.fromEntries(Object.entries(bindings).map(([id, inst]) => [id, { instanceId: inst, upstreamUrl: `https://gw.example/${inst}` }])),
+    providers: Object.fromEntries(
+      providers.map((p) => [p, { upstream: `https://api.example/${p}`, inject: { type: 'header' as const, name: 'Authorization', value: 'Bearer {token}' }, commands: [{ name: `${p}-cli`, env: {} }] }]),
+    ),
+  };
+}
+
+t.test('plan: from nothing, everything is new, nothing retired or deleted', async (t) => {
+  const plan = planReconcile({ instances: {}, catalog: {}, slots: new Set() }, state(1, { [B1]: 'i1' }, ['gh']), layout);
+  t.same(plan.newSlots, ['cli:gh', 'instance:i1']);
+  t.same(plan.ensureSlots, ['cli:gh', 'instance:i1']);
+  t.same(plan.retireSlots, []);
+  t.same(plan.deleteTokenFiles, []);
+  t.ok(plan.writeInstances && plan.writeCatalog);
+  t.equal(plan.instances[B1]?.tokenFile, '/s/mcp-forwarder/i1.token', 'host-chosen token path');
+  t.equal(plan.catalog.gh?.tokenFile, '/s/cli-proxy/gh.token');
+});
+
+t.test('plan: a dropped binding and provider are retired and their token files deleted; a shared instance keeps its token', async (t) => {
+  const before = planReconcile({ instances: {}, catalog: {}, slots: new Set() }, state(1, { [B1]: 'i1', [B2]: 'i2', [B3]: 'i2' }, ['gh', 'jira']), layout);
+  const current = { instances: before.instances, catalog: before.catalog, slots: new Set(before.ensureSlots) };
+  const plan = planReconcile(current, state(2, { [B2]: 'i2' }, ['gh']), layout);
+  t.same(plan.newSlots, []);
+  t.same(plan.retireSlots, ['cli:jira', 'instance:i1']);
+  t.same(plan.deleteTokenFiles, ['/s/cli-proxy/jira.token', '/s/mcp-forwarder/i1.token']);
+  t.ok(plan.writeInstances && plan.writeCatalog);
+});
+
+t.test('plan: the same state is no write; slot files of nothing (a crash after the registry write) are still retired and their tokens deleted', async (t) => {
+  const s = state(3, { [B1]: 'i1' }, []);
+  const first = planReconcile({ instances: {}, catalog: {}, slots: new Set() }, s, layout);
+  const plan = planReconcile({ instances: first.instances, catalog: first.catalog, slots: new Set(['instance:i1', 'instance:old', 'cli:gone']) }, s, layout);
+  t.notOk(plan.writeInstances || plan.writeCatalog, 'nothing to write');
+  t.same(plan.retireSlots, ['cli:gone', 'instance:old']);
+  t.same(plan.deleteTokenFiles, ['/s/cli-proxy/gone.token', '/s/mcp-forwarder/old.token']);
+});
+
+t.test('plan: an operator token path in the old registry is deleted when its binding goes', async (t) => {
+  const current = { instances: { [B1]: { instanceId: 'i1', upstreamUrl: 'https://gw.example/i1', tokenFile: '/etc/custom/i1.token' } }, catalog: {} as Catalog, slots: new Set(['instance:i1']) };
+  const plan = planReconcile(current, state(1, {}, []), layout);
+  t.same(plan.deleteTokenFiles, ['/etc/custom/i1.token', '/s/mcp-forwarder/i1.token']);
+});
+
+function setup(t: TapTest): { deps: ReconcileDeps; root: string; rendered: Catalog[]; write: (v: unknown) => void; records: ReturnType<typeof memoryLogger>['records'] } {
+  const root = mkdtempSync(join(tmpdir(), 'ac-reconcile-'));
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const l = stateLayout(root);
+  mkdirSync(join(l.handoff, 'slots'), { recursive: true });
+  const { log, records } = memoryLogger();
+  const rendered: Catalog[] = [];
+  const deps: ReconcileDeps = {
+    paths: handoffPaths(l.handoff),
+    layout: l,
+    instancesPath: l.instances,
+    providersPath: l.providers,
+    renderShims: async (c) => void rendered.push(c),
+    log,
+    memo: {},
+  };
+  return { deps, root, rendered, records, write: (v) => writeFileSync(deps.paths.desiredState, typeof v === 'string' ? v : JSON.stringify(v)) };
+}
+
+t.test('reconcile: no file → nothing; a state → files 0600, slots, shims, applied-state; dropping deletes token files', async (t) => {
+  const { deps, root, rendered, write } = setup(t);
+  const l = stateLayout(root);
+  t.same(await reconcileDesiredState(deps), { kind: 'absent' });
+  t.notOk(existsSync(l.instances));
+
+  write(state(1, { [B1]: 'i1' }, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
+  t.equal(statSync(l.instances).mode & 0o777, 0o600);
+  t.equal(statSync(l.providers).mode & 0o777, 0o600);
+  t.same((await readSlots(deps.paths)).slots.map((s) => s.slot), ['cli:gh', 'instance:i1']);
+  t.equal(rendered.length, 1);
+  t.match(await readAppliedState(l.handoff), { version: 1 });
+  t.same(await reconcileDesiredState(deps), { kind: 'unchanged' }, 'a rescan of the same file does nothing');
+
+  writeFileSync(l.instanceToken('i1'), 'tok\n');
+  writeFileSync(l.providerToken('gh'), 'tok\n');
+  write(state(2, {}, []));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 2 });
+  t.notOk(existsSync(l.instanceToken('i1')), 'binding token deleted');
+  t.notOk(existsSync(l.providerToken('gh')), 'provider token deleted');
+  t.same((await readSlots(deps.paths)).slots, [], 'slots retired');
+  t.same(JSON.parse(readFileSync(l.instances, 'utf8')), {});
+});
+
+t.test('reconcile: an invalid state is rejected whole, the last good one kept, the reason logged without the value', async (t) => {
+  const { deps, root, write, records } = setup(t);
+  const l = stateLayout(root);
+  write(state(1, { [B1]: 'i1' }, []));
+  await reconcileDesiredState(deps);
+  const good = readFileSync(l.instances, 'utf8');
+  const bad = state(2, { [B1]: 'i1', [B2]: 'i2' }, []);
+  (bad.bindings[B2] as { upstreamUrl: string }).upstreamUrl = 'http://secret-host.example/x';
+  write(bad);
+  t.match(await reconcileDesiredState(deps), { kind: 'rejected', version: 2 });
+  t.equal(readFileSync(l.instances, 'utf8'), good, 'registry untouched');
+  t.match(await readAppliedState(l.handoff), { version: 1, rejected: { version: 2 } });
+  t.notOk(JSON.stringify(records).includes('secret-host'), 'no value in the log');
+
+  write('{not json');
+  t.match(await reconcileDesiredState(deps), { kind: 'rejected', version: null });
+  write(state(0, {}, []));
+  t.match(await reconcileDesiredState(deps), { kind: 'stale', version: 0, inForce: 1 }, 'older than in force: ignored');
+  t.equal(readFileSync(l.instances, 'utf8'), good);
+});
