@@ -8,8 +8,8 @@ import type { DesiredState } from '../../src/data/desired-state.js';
 import { handoffPaths, readSlots } from '../../src/data/handoff.js';
 import { stateLayout } from '../../src/data/state-layout.js';
 import { planReconcile, reconcileDesiredState, type ReconcileDeps } from '../../src/renew/reconcile.js';
-import { memoryLogger } from '../helpers/memory-log.js';
-import type { TapTest } from '../../contract-tests/helpers/tap-types.js';
+import { memoryLogger } from '../support/memory-log.js';
+import type { TapTest } from '../support/tap.js';
 
 const layout = stateLayout('/s');
 const B1 = 'bind-aaaaaaaa';
