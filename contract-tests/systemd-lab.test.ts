@@ -583,6 +583,26 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     false,
   );
 
+  await step('apply killed with SIGKILL is restarted by systemd, applies the next renewal, leaves no partial file', async (tt) => {
+    const before = await lab.show(APPLY, ['MainPID', 'NRestarts']);
+    const appliedBefore = (await appliedTokenIds(lab)).length;
+    await lab.sh(`systemctl kill --kill-who=main -s SIGKILL ${APPLY}`);
+    const after = await lab.waitShow(
+      APPLY,
+      ['ActiveState', 'SubState', 'NRestarts', 'MainPID'],
+      (p) => Number(p.NRestarts) > Number(before.NRestarts) && p.ActiveState === 'active',
+      30_000,
+    );
+    tt.same([after.ActiveState, after.SubState], ['active', 'running'], 'Restart=on-failure brought it back');
+    tt.not(after.MainPID, before.MainPID, 'a new apply process');
+    const ids = await waitForApplied(lab, (i) => i.length > appliedBefore, TOKEN_LIFETIME_MS + 10_000);
+    tt.ok(ids.length > appliedBefore, `the restarted apply applied the next renewal (${ids.length} applied in all)`);
+    tt.equal((await lab.sh(`ls -A ${STATE}/handoff/inbox`)).trim(), '', 'no hand-off left behind');
+    tt.equal((await lab.sh(`ls -A ${STATE}/mcp-forwarder | grep '^[.]' || true`)).trim(), '', 'no temp or partial file beside the token');
+    tt.equal((await lab.sh(`stat -c '%a %U' ${TOKEN_FILE}`)).trim(), `600 ${SVC}`, 'the token file is whole: 0600 agent-connectors');
+    tt.equal(await echo('after apply restart'), 'echo: after apply restart', 'the MCP session goes on');
+  });
+
   await step('systemctl stop agent-connectors.target is clean', async (tt) => {
     // The SDK client holds a standing SSE GET; closing it lets the forwarder drain at once.
     await client.close();
