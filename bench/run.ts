@@ -7,6 +7,7 @@ import { installCleanup } from './lib/proc.js';
 import { runBench } from './full.js';
 import { runProfile } from './profile.js';
 import { runSmoke } from './smoke.js';
+import { runRotation } from './rotation.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -32,9 +33,11 @@ async function main(): Promise<number> {
     case 'profile':
       await runProfile(opts, log);
       return 0;
+    case 'rotation':
+      return runRotation(log);
     default:
       await runBench(opts, log);
-      return 0;
+      return opts.mode === 'full' ? runRotation(log) : 0;
   }
 }
 
