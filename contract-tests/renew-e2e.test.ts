@@ -429,7 +429,12 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
     [],
     'every later upstream request carried the same mcp-session-id',
   );
-  t.same(upstream.seen.filter((s) => !s.valid).map((s) => s.problem), [], 'every upstream request carried a valid token');
+  // Strict Gateway: a request that met a rotation is refused once (a token it minted and
+  // has just superseded) and retried by the forwarder with the renewed token; nothing else.
+  const refused = upstream.seen.filter((s) => !s.valid);
+  t.same(refused.filter((s) => s.problem !== 'superseded or expired').map((s) => s.problem), [], 'every upstream request carried a token the Gateway minted');
+  await until(() => fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length >= refused.length, 'the access lines of the retried requests');
+  t.equal(fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length, refused.length, `each refused request was retried once (${refused.length})`);
   t.ok(validTokenIds().size >= 4, `the upstream saw at least 4 distinct tokens (${validTokenIds().size}): 3 rotations`);
   t.ok(gw.minted(slot) >= 4, `the Gateway minted them (${gw.minted(slot)})`);
   t.equal(upstream.seen.filter((s) => s.rpcMethod === 'initialize').length, 1, 'one session, never re-initialized');
