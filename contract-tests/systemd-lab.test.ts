@@ -12,9 +12,9 @@ import {
   FORWARDER_PORT,
   groupId,
   Lab,
+  LAB_QUEUE_ALLOWANCE_MS,
   labSkipReason,
   lookupUser,
-  portFree,
   run,
   type SystemUser,
 } from '../test/support/lab.js';
@@ -130,21 +130,11 @@ function asUser(user: { uid: number; gid: number }, command: string): string {
 }
 
 const skipReason = labSkipReason();
+// Queuing for the one-lab-at-a-time lock counts against the file's timeout.
+t.setTimeout(240_000 + LAB_QUEUE_ALLOWANCE_MS);
 
-t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 170_000 }, async (t) => {
-  // ---- host side: ports, install, users, Gateway, upstream -------------------------------
-  for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
-    let free = await portFree(port);
-    for (let i = 0; !free && i < 50; i++) {
-      await sleep(200);
-      free = await portFree(port);
-    }
-    if (!free) {
-      t.fail(`127.0.0.1:${port} is in use on this host; the lab's units listen on that fixed port, so the lab cannot run. Stop whatever holds it (ss -ltnp 'sport = :${port}').`);
-      return;
-    }
-  }
-
+t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 170_000 + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
+  // ---- host side: install, users, Gateway, upstream (Lab.boot checks the fixed ports) ----
   // The units run this node; ProtectHome=/PrivateTmp= would hide one under a home or /tmp.
   if (/^\/(home|root|run\/user|tmp|var\/tmp)\//.test(process.execPath)) {
     t.fail(`node is at ${process.execPath}, which the units' ProtectHome=/PrivateTmp= hide from them: run the tests with a node installed elsewhere (e.g. /usr/bin/node)`);

@@ -1,9 +1,10 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, openSync, readFileSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { execa } from 'execa';
+import { processAlive } from '../../src/fs/process-alive.js';
 import { REPO_ROOT } from './cli-proc.js';
 
 /**
@@ -159,6 +160,54 @@ export interface LabOptions {
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /**
+ * One lab at a time on a machine: every lab serves the units' fixed ports on the shared
+ * loopback, so two test files (or two checkouts) booting labs at once would fight over
+ * them. The lock file holds the owner's pid; a dead owner's lock is broken.
+ */
+export const LAB_LOCK = '/tmp/agent-connectors-systemd-lab.lock';
+/** Test files that boot a lab raise their tap timeout by this much: they may queue for the lock. */
+export const LAB_QUEUE_ALLOWANCE_MS = 15 * 60_000;
+
+async function acquireLabLock(timeoutMs: number): Promise<() => void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const fd = openSync(LAB_LOCK, 'wx', 0o600);
+      writeSync(fd, String(process.pid));
+      closeSync(fd);
+      const release = (): void => {
+        process.off('exit', release);
+        try {
+          if (readFileSync(LAB_LOCK, 'utf8').trim() === String(process.pid)) unlinkSync(LAB_LOCK);
+        } catch {
+          // already gone
+        }
+      };
+      process.on('exit', release);
+      return release;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    let owner = 0;
+    try {
+      owner = Number(readFileSync(LAB_LOCK, 'utf8').trim());
+    } catch {
+      continue;
+    }
+    if (Number.isInteger(owner) && owner > 0 && !processAlive(owner)) {
+      try {
+        unlinkSync(LAB_LOCK);
+      } catch {
+        // someone else broke it first
+      }
+      continue;
+    }
+    if (Date.now() > deadline) throw new Error(`waited ${timeoutMs} ms for the systemd lab lock ${LAB_LOCK} (held by pid ${owner || 'unknown'})`);
+    await sleep(250);
+  }
+}
+
+/**
  * One booted lab. Its own command only waits for a stop file, so the lab stays up while
  * the test runs commands inside it with `exec` (nsenter into systemd's namespaces).
  */
@@ -171,12 +220,18 @@ export class Lab {
   private constructor(
     readonly opts: LabOptions,
     private readonly child: ChildProcess,
+    releaseLock: () => void,
   ) {
     this.stopFile = join(opts.work, 'lab-stop');
     const collect = (line: string): void => void this.output.push(line);
     createInterface({ input: child.stdout! }).on('line', collect);
     createInterface({ input: child.stderr! }).on('line', collect);
-    this.exited = new Promise((r) => child.once('exit', (code) => r(code)));
+    this.exited = new Promise((r) =>
+      child.once('exit', (code) => {
+        releaseLock();
+        r(code);
+      }),
+    );
   }
 
   get consoleLogPath(): string {
@@ -208,6 +263,18 @@ export class Lab {
   }
 
   static async boot(opts: LabOptions): Promise<Lab> {
+    const releaseLock = await acquireLabLock(LAB_QUEUE_ALLOWANCE_MS - 60_000);
+    for (const port of [FORWARDER_PORT, CLI_PROXY_PORT]) {
+      let free = await portFree(port);
+      for (let i = 0; !free && i < 50; i++) {
+        await sleep(200);
+        free = await portFree(port);
+      }
+      if (!free) {
+        releaseLock();
+        throw new Error(`127.0.0.1:${port} is in use on this host; the lab's units listen on that fixed port, so the lab cannot run. Stop whatever holds it (ss -ltnp 'sport = :${port}').`);
+      }
+    }
     const stopFile = join(opts.work, 'lab-stop');
     const [file, args] = cleanCommand('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
       UNIT_DIR: opts.unitDir,
@@ -216,12 +283,18 @@ export class Lab {
       WORK: opts.work,
       RUN_TIMEOUT: String((opts.limitS ?? 170) - 10),
     });
-    const child = spawn(file, args, {
-      env: {},
-      stdio: ['ignore', 'pipe', 'pipe'],
-      cwd: opts.work,
-    });
-    const lab = new Lab(opts, child);
+    let child: ChildProcess;
+    try {
+      child = spawn(file, args, {
+        env: {},
+        stdio: ['ignore', 'pipe', 'pipe'],
+        cwd: opts.work,
+      });
+    } catch (err) {
+      releaseLock();
+      throw err;
+    }
+    const lab = new Lab(opts, child, releaseLock);
     const deadline = Date.now() + 40_000;
     for (;;) {
       const line = lab.output.find((l) => l.startsWith('# systemd-lab host-pid='));
