@@ -199,13 +199,15 @@ t.test('mcp-add prints the agent\'s official command', async (t) => {
     t.equal(r.code, 0, r.stderr);
     t.equal(r.stdout, `${line}\n`, agent);
   }
+  const plain = await run(['mcp-add', id, '--url-base', 'http://127.0.0.1:15000/']);
+  t.equal(plain.code, 0, plain.stderr);
+  t.equal(plain.stdout, `http://127.0.0.1:15000/i/${id}/mcp\n`, 'without --agent: the plain URL, for any Streamable HTTP client');
 });
 
-t.test('mcp-add refuses a bad agent, a missing agent and a bad id with exit 2', async (t) => {
+t.test('mcp-add refuses a bad agent and a bad id with exit 2', async (t) => {
   for (const args of [
     ['mcp-add', 'mcp_add_binding_01', '--agent', 'cursor'],
     ['mcp-add', 'mcp_add_binding_01', '--agent', ''],
-    ['mcp-add', 'mcp_add_binding_01'],
     ['mcp-add', 'bad id!', '--agent', 'claude'],
     ['mcp-add', 'short', '--agent', 'claude'],
     ['mcp-add', '--agent', 'claude'],

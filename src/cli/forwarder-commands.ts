@@ -145,14 +145,16 @@ export function registerForwarderCommands(program: Command): void {
 
   program
     .command('mcp-add')
-    .description("print the agent's own command that adds this binding as an MCP server")
+    .description("print the agent's own command that adds this binding as an MCP server; without --agent, the plain URL for any Streamable HTTP MCP client")
     .argument('<bindingId>')
-    .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]).makeOptionMandatory())
+    .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]))
     .option('--name <name>', 'MCP server name in the agent', 'connectors')
     .option('--url-base <url>', 'forwarder base URL', `http://${DEFAULT_FORWARDER_LISTEN}`)
-    .action((id: string, opts: { agent: AgentName; name: string; urlBase: string }) => {
+    .action((id: string, opts: { agent?: AgentName; name: string; urlBase: string }) => {
       const bindingId = parseOption(bindingIdSchema, id, 'bindingId');
       const name = parseOption(serverName, opts.name, '--name');
-      process.stdout.write(`${mcpAddCommand(opts.agent, name, mcpUrl(opts.urlBase, bindingId))}\n`);
+      const url = mcpUrl(opts.urlBase, bindingId);
+      // Onboarding is by capability, not by brand: any Streamable HTTP client takes the URL.
+      process.stdout.write(`${opts.agent ? mcpAddCommand(opts.agent, name, url) : url}\n`);
     });
 }

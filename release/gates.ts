@@ -1,0 +1,207 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { execa } from 'execa';
+import { installAgents, type AgentBins } from './agents.js';
+import { filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
+
+/**
+ * The release gates (issue 13; the seed's gates 1 and 4): the real agents, installed from
+ * npm, each configured with the exact command `mcp-add` prints, in a throw-away home,
+ * connect to the product and list its tools; none of their configuration holds a secret.
+ * Run by CI after the test suite: `npm run gates`. Not a unit test: it needs the npm
+ * registry (once) and takes minutes.
+ */
+
+const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const CLI = join(REPO_ROOT, 'dist/cli.js');
+const SERVER_NAME = 'connectors';
+
+interface Target {
+  name: string;
+  url: string;
+  base: string;
+  bindingId: string;
+  /** Every secret the target has held so far (tokens, host credential): searched for in each agent's home. */
+  secrets: () => string[];
+  /** Where the target keeps its tokens: the secret search must find them there, or it is broken. */
+  stateDir: string;
+  stop: () => Promise<void>;
+}
+
+const { values: opts } = parseArgs({
+  options: {
+    'agents-dir': { type: 'string', default: process.env.AGENT_CONNECTORS_GATES_DIR ?? '/var/tmp/agent-connectors-gates' },
+    only: { type: 'string' },
+    'timeout-s': { type: 'string', default: '90' },
+    report: { type: 'string', default: join(REPO_ROOT, 'build/gates-report.json') },
+    keep: { type: 'boolean', default: false },
+  },
+});
+
+const log = (line: string): void => void process.stderr.write(`gates: ${line}\n`);
+
+/** Reads every token file and credential under `dir` (bounded): what must never reach an agent. */
+function secretsUnder(dir: string, into: Set<string>): void {
+  const walk = (d: string, depth: number): void => {
+    if (depth > 4) return;
+    let entries;
+    try {
+      entries = readdirSync(d, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = join(d, e.name);
+      if (e.isDirectory()) walk(p, depth + 1);
+      else if (e.isFile() && (e.name.endsWith('.token') || e.name === 'host-credential')) {
+        try {
+          const v = readFileSync(p, 'utf8').trim();
+          if (v.length >= 8) into.add(v);
+        } catch {
+          // deleted between readdir and read: a rotation or a disconnect
+        }
+      }
+    }
+  };
+  walk(dir, 0);
+}
+
+/** `agent-connectors dev` in a scratch state dir, on free ports; the URL read off its banner. */
+async function startDev(work: string): Promise<Target> {
+  const stateDir = join(work, 'dev-state');
+  const child: ChildProcess = spawn(process.execPath, [CLI, 'dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0'], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
+    cwd: work,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const output: string[] = [];
+  createInterface({ input: child.stdout! }).on('line', (l) => output.push(l));
+  const url = await new Promise<string>((resolveUrl, reject) => {
+    const timer = setTimeout(() => reject(new Error(`dev printed no MCP URL in 60 s:\n${output.join('\n')}`)), 60_000);
+    child.once('exit', (code) => reject(new Error(`dev exited (${code}) before it served:\n${output.join('\n')}`)));
+    createInterface({ input: child.stderr! }).on('line', (l) => {
+      output.push(l);
+      const m = /MCP URL:\s+(\S+)/.exec(l);
+      if (m) {
+        clearTimeout(timer);
+        resolveUrl(m[1]!);
+      }
+    });
+  });
+  const held = new Set<string>();
+  secretsUnder(stateDir, held);
+  // Tokens rotate while the gates run: keep every one the host held.
+  const sampler = setInterval(() => secretsUnder(stateDir, held), 250);
+  const m = /^(http:\/\/[^/]+)\/i\/([^/]+)\/mcp$/.exec(url);
+  if (!m) throw new Error(`dev's MCP URL ${url} is not <base>/i/<bindingId>/mcp`);
+  return {
+    name: 'dev',
+    url,
+    base: m[1]!,
+    bindingId: m[2]!,
+    secrets: () => [...held],
+    stateDir,
+    stop: async () => {
+      clearInterval(sampler);
+      secretsUnder(stateDir, held);
+      const exited = new Promise((r) => child.once('exit', r));
+      child.kill('SIGTERM');
+      await exited;
+    },
+  };
+}
+
+async function cliOut(args: readonly string[]): Promise<string> {
+  const r = await execa(process.execPath, [CLI, ...args], { reject: false, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, extendEnv: false });
+  if (r.exitCode !== 0) throw new Error(`agent-connectors ${args.join(' ')}: exit ${r.exitCode}: ${r.stderr}`);
+  return r.stdout.trim();
+}
+
+async function gateTarget(target: Target, bins: AgentBins, work: string, only: Set<string> | undefined): Promise<Verdict[]> {
+  const verdicts: Verdict[] = [];
+  const plain = await cliOut(['mcp-add', target.bindingId, '--url-base', target.base]);
+  verdicts.push({
+    client: 'mcp-add (no --agent)',
+    ok: plain === target.url,
+    tools: 0,
+    detail: plain === target.url ? `prints the plain URL ${plain}` : `printed "${plain}", expected ${target.url}`,
+  });
+  const ctx: ProbeContext = {
+    url: target.url,
+    name: SERVER_NAME,
+    bins,
+    work: join(work, target.name),
+    addCommand: (agent) => cliOut(['mcp-add', target.bindingId, '--agent', agent, '--name', SERVER_NAME, '--url-base', target.base]),
+    call: { tool: 'echo', args: { message: 'release gate' } },
+    timeoutMs: Number(opts['timeout-s']) * 1000,
+  };
+  // The search that clears each agent's home must be able to fail: it has to find the
+  // tokens where the host keeps them.
+  const secrets = target.secrets();
+  const own = filesHolding(target.stateDir, secrets);
+  verdicts.push({
+    client: 'secret search (self-check)',
+    ok: secrets.length > 0 && own.hits.length > 0,
+    tools: 0,
+    detail: `${secrets.length} secrets held by the host; found in ${own.hits.length} of its ${own.searched} files`,
+  });
+  for (const [client, probe] of PROBES) {
+    if (only && !only.has(client)) continue;
+    const started = Date.now();
+    let verdict: Verdict;
+    try {
+      verdict = await probe(ctx);
+    } catch (err) {
+      verdict = { client, ok: false, tools: 0, detail: (err as Error).message };
+    }
+    if (verdict.home) {
+      const found = filesHolding(verdict.home, target.secrets());
+      if (found.hits.length > 0) {
+        verdict = { ...verdict, ok: false, detail: `${verdict.detail}; SECRET in ${found.hits.join(', ')}` };
+      } else {
+        verdict = { ...verdict, detail: `${verdict.detail}; no secret in its ${found.searched} files` };
+      }
+    }
+    log(`${target.name} ${verdict.client}: ${verdict.ok ? `ok ${verdict.tools} tools` : 'FAIL'} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+    verdicts.push(verdict);
+  }
+  return verdicts;
+}
+
+async function main(): Promise<number> {
+  const agentsDir = resolve(opts['agents-dir']!);
+  mkdirSync(agentsDir, { recursive: true });
+  const bins = await installAgents(agentsDir, log);
+  const only = opts.only ? new Set(opts.only.split(',')) : undefined;
+  const work = mkdtempSync(join(agentsDir, 'run-'));
+  const results: { target: string; verdicts: Verdict[] }[] = [];
+  try {
+    const dev = await startDev(work);
+    try {
+      results.push({ target: 'dev', verdicts: await gateTarget(dev, bins, work, only) });
+    } finally {
+      await dev.stop();
+    }
+  } finally {
+    if (!opts.keep) rmSync(work, { recursive: true, force: true });
+  }
+  const lines = results.flatMap(({ target, verdicts }) =>
+    verdicts.map((v) => `${target.padEnd(6)} ${v.client.padEnd(22)} ${v.ok ? 'ok  ' : 'FAIL'} ${v.tools ? `${v.tools} tools  ` : ''}${v.detail}${v.command ? `\n${' '.repeat(34)}ran: ${v.command}` : ''}`),
+  );
+  process.stdout.write(`${lines.join('\n')}\n`);
+  mkdirSync(dirname(opts.report!), { recursive: true });
+  writeFileSync(opts.report!, `${JSON.stringify({ at: new Date().toISOString(), results }, null, 2)}\n`);
+  return results.every((r) => r.verdicts.every((v) => v.ok)) ? 0 : 1;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    process.stderr.write(`gates: ${(err as Error).stack ?? String(err)}\n`);
+    process.exit(1);
+  },
+);
