@@ -1,8 +1,12 @@
 import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { doctorReportSchema, type DoctorCheck, type DoctorReport } from '../src/data/doctor-report.js';
+import { hostStatusSchema, type HostStatus } from '../src/data/host-status.js';
 import { linkStatusSchema, type LinkStatus } from '../src/data/link-status.js';
 import { checkNoLeaks, knownSecrets, leakedSecrets, startCli, writeJsonAtomic, writeToken, type CliProc } from '../test/support/cli-proc.js';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
@@ -101,6 +105,25 @@ async function doctor(h: Host, json = true): Promise<DoctorRun> {
   const exit = await proc.exited;
   const text = proc.lines.join('\n');
   return { code: exit.code, text, ...(json ? { report: doctorReportSchema.parse(JSON.parse(text)) } : {}) };
+}
+
+/** A part whose /healthz says ok, as the forwarder's does. */
+async function healthyPart(tt: TapTest): Promise<string> {
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ status: 'ok' }));
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  tt.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+}
+
+async function status(h: Host, forwarderUrl: string, json = true): Promise<{ code: number | null; text: string; status?: HostStatus }> {
+  const proc = startCli(['status', '--state-dir', h.state, '--credential', h.credentialPath, '--no-systemd', '--forwarder-url', forwarderUrl, '--cli-proxy-url', NO_PART, ...(json ? ['--json'] : [])]);
+  const exit = await proc.exited;
+  const text = proc.lines.join('\n');
+  return { code: exit.code, text, ...(json ? { status: hostStatusSchema.parse(JSON.parse(text)) } : {}) };
 }
 
 function checksOf(run: DoctorRun, check: string): DoctorCheck[] {
@@ -202,6 +225,41 @@ t.test('enrolled and in sync: link polling, version in force, no drift; a hand e
   tt.equal(one(tt, clean, 'drift')?.status, 'ok', `no drift (got ${JSON.stringify(checksOf(clean, 'drift'))})`);
   for (const c of LINK_CHECKS) tt.notOk(clean.report?.summary.problems.some((p) => checksOf(clean, c).some((x) => x.code === p)), `${c}: no problem`);
 
+  // status: the same host at a glance, once the link has renewed the binding's slot.
+  const slotFile = join(h.handoff, 'slots', 'instance:inst-a.json');
+  await until(() => {
+    try {
+      return (JSON.parse(readFileSync(slotFile, 'utf8')) as { tokenId: string | null }).tokenId !== null;
+    } catch {
+      return false;
+    }
+  }, 'the link renewed instance:inst-a and apply wrote its token', 30_000);
+  // The token renewal wrote is a secret the outputs are searched for.
+  knownSecrets.add(readFileSync(join(h.state, 'mcp-forwarder', 'inst-a.token'), 'utf8').trim());
+  const fwdUrl = await healthyPart(tt);
+  const st = await status(h, fwdUrl);
+  tt.equal(st.code, 0);
+  const s = st.status;
+  tt.same(s?.parts, { forwarder: { state: 'up', via: 'healthz' }, 'cli-proxy': { state: 'down', via: 'healthz' }, link: { state: 'up', via: 'link-status' }, apply: { state: 'unknown', via: 'none' } });
+  tt.same(s?.enrolment, { enrolled: true, gatewayUrl: gw.url, hostId: HOST });
+  tt.equal(s?.link?.state, 'polling');
+  tt.equal(s?.link?.running, true);
+  tt.equal(s?.state.applied, version);
+  tt.equal(s?.state.received, version);
+  tt.notOk(s?.state.rejected, 'nothing rejected');
+  const slot = s?.slots.find((x) => x.slot === 'instance:inst-a');
+  tt.ok(slot?.tokenId, 'the slot has a token id');
+  tt.ok((slot?.expiresInS ?? 0) > 0, `time to expiry is positive (${slot?.expiresInS} s)`);
+  tt.ok(s?.slots.some((x) => x.slot === 'cli:notes'), 'the provider slot is listed');
+  tt.notOk(s && 'lastAuditUpload' in s, 'no audit upload known: the field is omitted');
+  const stText = await status(h, fwdUrl, false);
+  tt.match(stText.text, /^parts: +forwarder up \(healthz\), cli-proxy down \(healthz\), link up \(link-status\), apply unknown\n/);
+  tt.match(stText.text, new RegExp(`enrolment: host ${HOST} with `));
+  tt.match(stText.text, /link: +polling; last sync /);
+  tt.match(stText.text, new RegExp(`state: +version ${version} in force \\(applied .* ago\\); received ${version}`));
+  tt.match(stText.text, /instance:inst-a +expires in /);
+  tt.same(leakedSecrets(st.text + stText.text), [], 'no token or credential in status');
+
   // A hand edit on a managed host: a binding's upstream changed, one added, the provider removed.
   const instances = JSON.parse(readFileSync(h.instances, 'utf8')) as Record<string, { instanceId: string; upstreamUrl: string; tokenFile: string }>;
   const b1 = instances[B1];
@@ -250,6 +308,12 @@ t.test('enrolled, a rejected state: the version, its reason and the one in force
   tt.equal(one(tt, run, 'drift')?.code, 'drift_unchecked', 'drift cannot be checked against a state no longer on disk');
   tt.equal(one(tt, run, 'link')?.code, 'link_not_running', 'no link has reported');
   tt.ok(run.report?.summary.problems.includes('state_rejected'));
+  const st = await status(h, NO_PART);
+  tt.equal(st.status?.state.applied, 4, 'status: version 4 in force');
+  tt.equal(st.status?.state.received, 5, 'status: version 5 received');
+  tt.equal(st.status?.state.rejected?.version, 5, 'status: version 5 rejected');
+  tt.same(st.status?.parts.link, { state: 'unknown', via: 'none' }, 'status: no link status to go by');
+  tt.match((await status(h, NO_PART, false)).text, /\n +rejected version 5 .* ago: schema: /);
 });
 
 t.test('a link that stopped: its last status is kept, and doctor says it is not running', async (tt) => {

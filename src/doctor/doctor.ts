@@ -1,7 +1,5 @@
 import { readFile, readdir, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { execa } from 'execa';
-import { request } from 'undici';
 import { parseCatalog } from '../data/catalog.js';
 import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
@@ -10,6 +8,7 @@ import { handoffPaths, readSlots } from '../data/handoff.js';
 import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
 import { Findings, type Finding } from './finding.js';
 import { linkChecks, type LinkFacts } from './link-checks.js';
+import { probeHealth, systemdRunning, unitState } from './probe.js';
 
 export type { Finding, Level } from './finding.js';
 
@@ -200,25 +199,21 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
 
   // 6. the two loopback services
   for (const [name, url] of [['forwarder', o.forwarderUrl], ['cli-proxy', o.cliProxyUrl]] as const) {
-    try {
-      const res = await request(`${url}/healthz`, { headersTimeout: 2000, bodyTimeout: 2000 });
-      const body = (await res.body.json()) as { status?: string };
-      if (res.statusCode === 200 && body.status === 'ok') out.ok('ports', `${name} answers on ${url}`);
-      else out.problem(partProblem(name, 'degraded') as string, 'ports', `${name} on ${url} is ${body.status ?? res.statusCode}`, `journalctl -u agent-connectors-${name}`);
-    } catch {
-      out.problem(partProblem(name, 'down') as string, 'ports', `${name} does not answer on ${url}`, `systemctl start agent-connectors-${name}`);
-    }
+    const { health, said } = await probeHealth(url);
+    const code = partProblem(name, health);
+    if (code === undefined) out.ok('ports', `${name} answers on ${url}`);
+    else if (health === 'degraded') out.problem(code, 'ports', `${name} on ${url} is ${said}`, `journalctl -u agent-connectors-${name}`);
+    else out.problem(code, 'ports', `${name} does not answer on ${url}`, `systemctl start agent-connectors-${name}`);
   }
 
   // 7. units
-  if (o.systemd && !(await stat('/run/systemd/system').catch(() => undefined))) {
+  if (o.systemd && !(await systemdRunning())) {
     out.warn('systemd_absent', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
   } else if (o.systemd) {
     for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.service']) {
-      const active = await execa('systemctl', ['is-active', unit], { reject: false });
-      const state = active.stdout.trim() || 'unknown';
+      const { state, exitCode } = await unitState(unit);
       if (state === 'active') out.ok('units', `${unit} active`);
-      else out.problem('unit_inactive', 'units', `${unit} is ${state}`, state === 'unknown' || active.exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);
+      else out.problem('unit_inactive', 'units', `${unit} is ${state}`, state === 'unknown' || exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);
     }
   }
   // 8. an enrolled host: enrolment, the link, versions, drift (none of it on a host never enrolled)
