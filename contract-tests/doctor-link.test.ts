@@ -22,6 +22,10 @@ import { tempDir } from '../test/support/temp-dir.js';
  * enrolled whose report has none of it. No token or credential in any output.
  */
 
+// About thirty CLI processes (link, apply, doctor, status), each a Node start: seconds
+// apiece on the shared 2-core VM during a full run, so the file's budget is above tap's 180 s.
+t.setTimeout(480_000);
+
 const HOST = 'host-doctor-1';
 const B1 = 'bind_doctor_link_AAAA_01';
 const B2 = 'bind_doctor_link_BBBB_02';
@@ -57,6 +61,15 @@ function host(tt: TapTest): Host {
 function enrolled(h: Host, gatewayUrl: string, credential: string): void {
   writeToken(h.credentialPath, credential);
   writeFileSync(join(h.base, 'etc', 'link.env'), `AGENT_CONNECTORS_GATEWAY_URL=${gatewayUrl}\nAGENT_CONNECTORS_HOST_ID=${HOST}\n`, { mode: 0o644 });
+}
+
+/** A Gateway that knows `credential` as HOST's, and the host enrolled with it. */
+async function enrolledWith(tt: TapTest, h: Host, credential: string): Promise<MockHostGateway> {
+  knownSecrets.add(credential);
+  const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { [HOST]: credential } });
+  tt.teardown(() => gw.close());
+  enrolled(h, gw.url, credential);
+  return gw;
 }
 
 function startLink(tt: TapTest, h: Host, gatewayUrl: string): CliProc {
@@ -201,14 +214,10 @@ t.test('enrolled, link halted on 401: doctor says so and names the re-enrol comm
 
 t.test('enrolled and in sync: link polling, version in force, no drift; a hand edit is drift (file and entries named) until apply writes it again', async (tt) => {
   const h = host(tt);
-  const credential = `hostcred-sync-${randomUUID()}`;
-  knownSecrets.add(credential);
-  const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { [HOST]: credential } });
-  tt.teardown(() => gw.close());
+  const gw = await enrolledWith(tt, h, `hostcred-sync-${randomUUID()}`);
   gw.control.connectBinding(B1, { instanceId: 'inst-a', upstreamUrl: 'https://gw.example.com/mcp/a' });
   gw.control.connectProvider('notes', PROVIDER);
   const version = gw.control.state().version;
-  enrolled(h, gw.url, credential);
   let apply = await startApply(tt, h);
   startLink(tt, h, gw.url);
   await until(() => appliedVersion(h) === version, `version ${version} applied`, 30_000);
@@ -318,11 +327,7 @@ t.test('enrolled, a rejected state: the version, its reason and the one in force
 
 t.test('a link that stopped: its last status is kept, and doctor says it is not running', async (tt) => {
   const h = host(tt);
-  const credential = `hostcred-stopped-${randomUUID()}`;
-  knownSecrets.add(credential);
-  const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { [HOST]: credential } });
-  tt.teardown(() => gw.close());
-  enrolled(h, gw.url, credential);
+  const gw = await enrolledWith(tt, h, `hostcred-stopped-${randomUUID()}`);
   gw.inject({ kind: 'status5xx', status: 503 }, { endpoint: 'state', times: 1000 });
   const link = startLink(tt, h, gw.url);
   await until(() => linkStatus(h)?.state === 'backing_off', 'the link backs off', 20_000);

@@ -8,16 +8,23 @@ import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './cli-proxy-commands.js';
 import { layoutFrom } from './options.js';
 
-export function registerDoctorCommand(program: Command): void {
-  program
-    .command('doctor')
-    .description('check users, modes, secrets, ports, units and token freshness, and on an enrolled host the link, versions and drift; print how to fix each problem')
+/** Where doctor and status look: the state root, the two parts' URLs, the credential. */
+export function addHostOptions(cmd: Command): Command {
+  return cmd
     .option('--state-dir <dir>', 'state root')
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
-    .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
     .option('--forwarder-url <url>', 'forwarder base URL', `http://${DEFAULT_FORWARDER_LISTEN}`)
     .option('--cli-proxy-url <url>', 'cli-proxy base URL', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
-    .option('--credential <file>', 'the host credential; its presence marks the host enrolled', DEFAULT_CREDENTIAL_PATH)
+    .option('--credential <file>', 'the host credential; its presence marks the host enrolled', DEFAULT_CREDENTIAL_PATH);
+}
+
+export function registerDoctorCommand(program: Command): void {
+  addHostOptions(
+    program
+      .command('doctor')
+      .description('check users, modes, secrets, ports, units and token freshness, and on an enrolled host the link, versions and drift; print how to fix each problem'),
+  )
+    .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
     .option('--json', 'print one JSON document (format agent-connectors.doctor/1: checks, codes, summary)')
     .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {

@@ -7,7 +7,7 @@ import { stateLayout } from '../data/state-layout.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
 import { Findings, type Finding } from './finding.js';
-import { linkChecks, type LinkFacts } from './link-checks.js';
+import { linkChecks, readEnrolment, reapplyFix, type LinkFacts } from './link-checks.js';
 import { probeHealth, systemdRunning, unitState } from './probe.js';
 
 export type { Finding, Level } from './finding.js';
@@ -183,15 +183,18 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
     }
   }
 
+  const managed = (await readEnrolment(credential)).enrolled;
   // 5. token freshness from slot files; every binding and provider needs one, or fetch never renews it
   const { slots, errors } = await readSlots(handoff);
   const known = new Set(slots.map((s) => s.slot));
   for (const slot of neededSlots) {
-    if (!known.has(slot)) out.problem('slot_missing', 'renewal', `${slot} has no slot file: its token will never be renewed`, slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)');
+    // On an enrolled host bind and unbind refuse; apply re-applying the state recreates slots.
+    const slotFix = managed ? reapplyFix(o.handoffDir) : slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)';
+    if (!known.has(slot)) out.problem('slot_missing', 'renewal', `${slot} has no slot file: its token will never be renewed`, slotFix);
   }
   for (const e of errors) out.problem(SLOT_FILE_INVALID, 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
   for (const s of slots) {
-    if (s.revoked) out.problem('slot_revoked', 'renewal', `${s.slot} was revoked by the Gateway`, 'agent-connectors unbind <its bindings>');
+    if (s.revoked) out.problem('slot_revoked', 'renewal', `${s.slot} was revoked by the Gateway`, managed ? 'disconnect it in the platform: the next desired state removes it' : 'agent-connectors unbind <its bindings>');
     else if (!s.tokenId || !s.expiresAt) out.problem('token_never_received', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');
     else if (Date.parse(s.expiresAt) <= now) out.problem('token_expired', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
     else out.ok('renewal', `${s.slot} token valid until ${s.expiresAt}`);

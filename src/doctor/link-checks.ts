@@ -24,6 +24,11 @@ const APPLY_UNIT = 'agent-connectors-renew-apply.service';
 /** Backing off longer than this is a problem, not a passing hiccup. */
 export const BACKOFF_PROBLEM_MS = 5 * 60_000;
 
+/** Makes apply write the version it has again: the registry, the catalog, every slot. */
+export function reapplyFix(handoffDir: string): string {
+  return `rm ${appliedStatePath(handoffDir)} && systemctl restart ${APPLY_UNIT}`;
+}
+
 export interface Enrolment {
   enrolled: boolean;
   gatewayUrl?: string;
@@ -177,7 +182,7 @@ async function driftCheck(o: LinkCheckOptions, received: Received, applied: Appl
     return;
   }
   const expected = toLocalConfig(received.state, o.layout);
-  const reapply = `undo the edit, or have apply write it again: rm ${appliedStatePath(o.handoffDir)} && systemctl restart ${APPLY_UNIT}`;
+  const reapply = `undo the edit, or have apply write it again: ${reapplyFix(o.handoffDir)}`;
   const files: Array<[string, (t: string) => { ok: true; value: Record<string, object> } | { ok: false; error: string }, Record<string, object>, (k: string, e: object) => string]> = [
     // Binding ids are capabilities: shown by their prefix, with the (non-secret) instance id.
     [o.layout.instances, parseInstancesFile, expected.instances, (k, e) => `binding ${keyPrefix(k)} (instance ${(e as InstancesFile[string]).instanceId})`],
