@@ -21,6 +21,10 @@ import { unlessMissing } from '../tools/prerequisite.js';
  * modes of units/tmpfiles.d, then each misconfiguration is seeded on its own copy.
  */
 
+// About forty doctor runs, each a Node start: seconds apiece on the shared 2-core VM
+// during a full run (measured 200 s for the file at load 20), above tap's 180 s default.
+t.setTimeout(600_000);
+
 const isRoot = process.getuid?.() === 0;
 const SYSUSERS = join(REPO_ROOT, 'units/sysusers.d/agent-connectors.conf');
 const AGENT = 'nobody';
