@@ -8,6 +8,7 @@ import { registerRenewCommands } from './cli/renew-commands.js';
 import { registerCliProxyCommands } from './cli/cli-proxy-commands.js';
 import { registerInstallCommands } from './cli/install-commands.js';
 import { registerDoctorCommand } from './cli/doctor-command.js';
+import { registerStatusCommand } from './cli/status-command.js';
 import { registerLinkCommands } from './cli/link-commands.js';
 
 /**
@@ -26,6 +27,7 @@ async function main(argv: string[]): Promise<number> {
   registerCliProxyCommands(program);
   registerInstallCommands(program);
   registerDoctorCommand(program);
+  registerStatusCommand(program);
   registerLinkCommands(program);
   registerDevCommand(program);
   const override = (cmd: Command): void => {

@@ -1,39 +1,54 @@
+import { resolve } from 'node:path';
 import type { Command } from 'commander';
-import { runDoctor } from '../doctor/doctor.js';
+import { diagnose } from '../doctor/doctor.js';
+import { doctorReport } from '../doctor/report.js';
+import { DEFAULT_CREDENTIAL_PATH } from '../link/enroll.js';
+import { version } from '../version.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './cli-proxy-commands.js';
 import { layoutFrom } from './options.js';
 
-export function registerDoctorCommand(program: Command): void {
-  program
-    .command('doctor')
-    .description('check users, modes, secrets, ports, units and token freshness; print how to fix each problem')
+/** Where doctor and status look: the state root, the two parts' URLs, the credential. */
+export function addHostOptions(cmd: Command): Command {
+  return cmd
     .option('--state-dir <dir>', 'state root')
     .option('--handoff <dir>', 'renewal hand-off directory (default: <state>/handoff)')
-    .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
     .option('--forwarder-url <url>', 'forwarder base URL', `http://${DEFAULT_FORWARDER_LISTEN}`)
     .option('--cli-proxy-url <url>', 'cli-proxy base URL', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
+    .option('--credential <file>', 'the host credential; its presence marks the host enrolled', DEFAULT_CREDENTIAL_PATH);
+}
+
+export function registerDoctorCommand(program: Command): void {
+  addHostOptions(
+    program
+      .command('doctor')
+      .description('check users, modes, secrets, ports, units and token freshness, and on an enrolled host the link, versions and drift; print how to fix each problem'),
+  )
+    .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
-    .option('--json', 'print findings as JSON')
-    .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; systemd: boolean; json?: boolean }) => {
+    .option('--json', 'print one JSON document (format agent-connectors.doctor/1: checks, codes, summary)')
+    .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
       const layout = layoutFrom(opts);
-      const findings = await runDoctor({
+      const now = Date.now();
+      const { findings, link } = await diagnose({
         stateDir: layout.root,
         handoffDir: layout.handoff,
         agentUser: opts.agentUser,
         forwarderUrl: opts.forwarderUrl,
         cliProxyUrl: opts.cliProxyUrl,
+        credentialPath: resolve(opts.credential),
         systemd: opts.systemd,
+        now,
       });
-      if (opts.json) process.stdout.write(`${JSON.stringify(findings, null, 2)}\n`);
+      const problems = findings.filter((f) => f.level === 'problem').length;
+      if (opts.json) process.stdout.write(`${JSON.stringify(doctorReport(findings, link.enrolment, version, now), null, 2)}\n`);
       else {
         for (const f of findings) {
           const mark = f.level === 'ok' ? 'ok  ' : f.level === 'warn' ? 'warn' : 'FAIL';
           process.stdout.write(`${mark}  ${f.check}: ${f.detail}\n${f.fix ? `      fix: ${f.fix}\n` : ''}`);
         }
+        process.stdout.write(problems ? `\n${problems} problem(s)\n` : '\nno problems\n');
       }
-      const problems = findings.filter((f) => f.level === 'problem').length;
-      if (!opts.json) process.stdout.write(problems ? `\n${problems} problem(s)\n` : '\nno problems\n');
       process.exitCode = problems ? 1 : 0;
     });
 }

@@ -1,22 +1,16 @@
 import { readFile, readdir, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { execa } from 'execa';
-import { request } from 'undici';
 import { parseCatalog } from '../data/catalog.js';
 import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
+import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
+import { Findings, type Finding } from './finding.js';
+import { linkChecks, readEnrolment, reapplyFix, type LinkFacts } from './link-checks.js';
+import { probeHealth, systemdRunning, unitState } from './probe.js';
 
-export type Level = 'ok' | 'warn' | 'problem';
-
-export interface Finding {
-  level: Level;
-  check: string;
-  detail: string;
-  /** The command that fixes it. */
-  fix?: string;
-}
+export type { Finding, Level } from './finding.js';
 
 export interface DoctorOptions {
   stateDir: string;
@@ -27,7 +21,7 @@ export interface DoctorOptions {
   cliProxyUrl: string;
   systemd: boolean;
   passwdPath?: string;
-  /** The host credential file renew fetch loads (default /etc/agent-connectors/host-credential). */
+  /** The host credential file the link loads (default /etc/agent-connectors/host-credential); its presence marks the host enrolled. */
   credentialPath?: string;
   groupPath?: string;
   now?: number;
@@ -81,11 +75,15 @@ export async function canRead(path: string, who: Account): Promise<boolean> {
 /**
  * Checks a host installation and says, for each problem, the command that fixes it:
  * users and groups, directory and file owners and modes, that the Agent UID can read no
- * secret, the two ports, the units, token freshness, registry and catalog validity.
+ * secret, the two ports, the units, token freshness, registry and catalog validity; on an
+ * enrolled host also the link, the desired-state versions and drift (link-checks.ts).
  */
 export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
-  const out: Finding[] = [];
-  const add = (level: Level, check: string, detail: string, fix?: string): void => void out.push({ level, check, detail, ...(fix ? { fix } : {}) });
+  return (await diagnose(o)).findings;
+}
+
+export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[]; link: LinkFacts }> {
+  const out = new Findings();
   const now = o.now ?? Date.now();
   const layout = stateLayout(o.stateDir);
   const handoff = handoffPaths(o.handoffDir);
@@ -96,10 +94,10 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   const tmpfilesFix = 'systemd-tmpfiles --create /etc/tmpfiles.d/agent-connectors.conf';
 
   // 1. users and groups
-  if (service) add('ok', 'users', `user agent-connectors (uid ${service.uid})`);
-  else add('problem', 'users', 'user agent-connectors is missing', sysusersFix);
-  if (renewGid === undefined) add('problem', 'users', 'group agent-connectors-renew is missing', sysusersFix);
-  else if (service && !service.groups.has(renewGid)) add('problem', 'users', 'agent-connectors is not in group agent-connectors-renew', 'usermod -aG agent-connectors-renew agent-connectors');
+  if (service) out.ok('users', `user agent-connectors (uid ${service.uid})`);
+  else out.problem('user_missing', 'users', 'user agent-connectors is missing', sysusersFix);
+  if (renewGid === undefined) out.problem('group_missing', 'users', 'group agent-connectors-renew is missing', sysusersFix);
+  else if (service && !service.groups.has(renewGid)) out.problem('group_membership', 'users', 'agent-connectors is not in group agent-connectors-renew', 'usermod -aG agent-connectors-renew agent-connectors');
 
   // 2. directories and their modes
   const dirs: Array<[string, number, string, string]> = [
@@ -113,15 +111,15 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   for (const [path, mode, user, group] of dirs) {
     const st = await stat(path).catch(() => undefined);
     if (!st) {
-      add('problem', 'directories', `${path} is missing`, tmpfilesFix);
+      out.problem('directory_missing', 'directories', `${path} is missing`, tmpfilesFix);
       continue;
     }
     const actual = st.mode & 0o7777;
     const owner = users.get(user)?.uid;
     const gid = groups.get(group);
-    if (actual !== mode) add('problem', 'directories', `${path} has mode ${actual.toString(8)}, expected ${mode.toString(8)}`, `chmod ${mode.toString(8)} ${path}`);
-    else if ((owner !== undefined && st.uid !== owner) || (gid !== undefined && st.gid !== gid)) add('problem', 'directories', `${path} is not owned by ${user}:${group}`, `chown ${user}:${group} ${path}`);
-    else add('ok', 'directories', `${path} ${mode.toString(8)} ${user}:${group}`);
+    if (actual !== mode) out.problem('directory_mode', 'directories', `${path} has mode ${actual.toString(8)}, expected ${mode.toString(8)}`, `chmod ${mode.toString(8)} ${path}`);
+    else if ((owner !== undefined && st.uid !== owner) || (gid !== undefined && st.gid !== gid)) out.problem('directory_owner', 'directories', `${path} is not owned by ${user}:${group}`, `chown ${user}:${group} ${path}`);
+    else out.ok('directories', `${path} ${mode.toString(8)} ${user}:${group}`);
   }
 
   // 3. registry and catalog, and every token file they name
@@ -135,16 +133,16 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   for (const [path, parse, what] of configFiles) {
     const text = await readFile(path, 'utf8').catch(() => undefined);
     if (text === undefined) {
-      add('warn', what, `${path} does not exist (nothing configured yet)`);
+      out.warn(`${what}_absent`, what, `${path} does not exist (nothing configured yet)`);
       continue;
     }
     secrets.push(path);
     const parsed = parse(text);
     if (!parsed.ok) {
-      add('problem', what, `${path} is invalid: ${parsed.error}; the last good one is serving`, `edit ${path} (then it reloads by itself)`);
+      out.problem(`${what}_invalid`, what, `${path} is invalid: ${parsed.error}; the last good one is serving`, `edit ${path} (then it reloads by itself)`);
       continue;
     }
-    add('ok', what, `${path} is valid`);
+    out.ok(what, `${path} is valid`);
     for (const [key, entry] of Object.entries(parsed.value)) {
       tokenFiles.add(entry.tokenFile);
       const instanceId = (entry as { instanceId?: string }).instanceId;
@@ -155,11 +153,11 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
     secrets.push(file);
     const st = await stat(file).catch(() => undefined);
     if (!st) {
-      if (tokenFiles.has(file)) add('problem', 'tokens', `${file} does not exist yet`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+      if (tokenFiles.has(file)) out.problem('token_missing', 'tokens', `${file} does not exist yet`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
       continue;
     }
-    if (tokenFiles.has(file) && (st.mode & 0o777) !== 0o600) add('problem', 'tokens', `${file} has mode ${(st.mode & 0o777).toString(8)}, expected 600`, `chmod 600 ${file}`);
-    else if (tokenFiles.has(file) && service && st.uid !== service.uid) add('problem', 'tokens', `${file} is not owned by agent-connectors`, `chown agent-connectors: ${file}`);
+    if (tokenFiles.has(file) && (st.mode & 0o777) !== 0o600) out.problem('token_mode', 'tokens', `${file} has mode ${(st.mode & 0o777).toString(8)}, expected 600`, `chmod 600 ${file}`);
+    else if (tokenFiles.has(file) && service && st.uid !== service.uid) out.problem('token_owner', 'tokens', `${file} is not owned by agent-connectors`, `chown agent-connectors: ${file}`);
   }
 
   // fetch's host credential (LoadCredential= source) is a secret too
@@ -167,60 +165,61 @@ export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   const credSt = await stat(credential).catch(() => undefined);
   if (credSt) {
     secrets.push(credential);
-    if ((credSt.mode & 0o077) !== 0) add('problem', 'credential', `${credential} has mode ${(credSt.mode & 0o777).toString(8)}; only root may read it`, `chmod 600 ${credential}`);
-    else add('ok', 'credential', `${credential} is readable by its owner only`);
+    if ((credSt.mode & 0o077) !== 0) out.problem('credential_mode', 'credential', `${credential} has mode ${(credSt.mode & 0o777).toString(8)}; only root may read it`, `chmod 600 ${credential}`);
+    else out.ok('credential', `${credential} is readable by its owner only`);
   } else if (o.systemd) {
-    add('warn', 'credential', `${credential} does not exist: renew fetch cannot start`, `install -m 600 /dev/stdin ${credential} <<< "$HOST_CREDENTIAL"`);
+    out.warn('credential_missing', 'credential', `${credential} does not exist: renew fetch cannot start`, `install -m 600 /dev/stdin ${credential} <<< "$HOST_CREDENTIAL"`);
   }
 
   // 4. the Agent UID reads nothing secret
   if (o.agentUser) {
     const agent = users.get(o.agentUser);
-    if (!agent) add('problem', 'agent user', `no such user ${o.agentUser}`);
+    if (!agent) out.problem('agent_user_unknown', 'agent user', `no such user ${o.agentUser}`);
     else {
       const readable: string[] = [];
       for (const path of [...secrets, handoff.inbox]) if (await canRead(path, agent)) readable.push(path);
-      if (readable.length === 0) add('ok', 'agent user', `${o.agentUser} can read no secret (${secrets.length} files checked)`);
-      for (const path of readable) add('problem', 'agent user', `${o.agentUser} can read ${path}`, `chmod o-rwx ${path}; ${tmpfilesFix}`);
+      if (readable.length === 0) out.ok('agent user', `${o.agentUser} can read no secret (${secrets.length} files checked)`);
+      for (const path of readable) out.problem('agent_reads_secret', 'agent user', `${o.agentUser} can read ${path}`, `chmod o-rwx ${path}; ${tmpfilesFix}`);
     }
   }
 
+  const managed = (await readEnrolment(credential)).enrolled;
   // 5. token freshness from slot files; every binding and provider needs one, or fetch never renews it
   const { slots, errors } = await readSlots(handoff);
   const known = new Set(slots.map((s) => s.slot));
   for (const slot of neededSlots) {
-    if (!known.has(slot)) add('problem', 'renewal', `${slot} has no slot file: its token will never be renewed`, slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)');
+    // On an enrolled host bind and unbind refuse; apply re-applying the state recreates slots.
+    const slotFix = managed ? reapplyFix(o.handoffDir) : slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)';
+    if (!known.has(slot)) out.problem('slot_missing', 'renewal', `${slot} has no slot file: its token will never be renewed`, slotFix);
   }
-  for (const e of errors) add('problem', 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
+  for (const e of errors) out.problem(SLOT_FILE_INVALID, 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
   for (const s of slots) {
-    if (s.revoked) add('problem', 'renewal', `${s.slot} was revoked by the Gateway`, 'agent-connectors unbind <its bindings>');
-    else if (!s.tokenId || !s.expiresAt) add('problem', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');
-    else if (Date.parse(s.expiresAt) <= now) add('problem', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
-    else add('ok', 'renewal', `${s.slot} token valid until ${s.expiresAt}`);
+    if (s.revoked) out.problem('slot_revoked', 'renewal', `${s.slot} was revoked by the Gateway`, managed ? 'disconnect it in the platform: the next desired state removes it' : 'agent-connectors unbind <its bindings>');
+    else if (!s.tokenId || !s.expiresAt) out.problem('token_never_received', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');
+    else if (Date.parse(s.expiresAt) <= now) out.problem('token_expired', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+    else out.ok('renewal', `${s.slot} token valid until ${s.expiresAt}`);
   }
 
   // 6. the two loopback services
   for (const [name, url] of [['forwarder', o.forwarderUrl], ['cli-proxy', o.cliProxyUrl]] as const) {
-    try {
-      const res = await request(`${url}/healthz`, { headersTimeout: 2000, bodyTimeout: 2000 });
-      const body = (await res.body.json()) as { status?: string };
-      if (res.statusCode === 200 && body.status === 'ok') add('ok', 'ports', `${name} answers on ${url}`);
-      else add('problem', 'ports', `${name} on ${url} is ${body.status ?? res.statusCode}`, `journalctl -u agent-connectors-${name}`);
-    } catch {
-      add('problem', 'ports', `${name} does not answer on ${url}`, `systemctl start agent-connectors-${name}`);
-    }
+    const { health, said } = await probeHealth(url);
+    const code = partProblem(name, health);
+    if (code === undefined) out.ok('ports', `${name} answers on ${url}`);
+    else if (health === 'degraded') out.problem(code, 'ports', `${name} on ${url} is ${said}`, `journalctl -u agent-connectors-${name}`);
+    else out.problem(code, 'ports', `${name} does not answer on ${url}`, `systemctl start agent-connectors-${name}`);
   }
 
   // 7. units
-  if (o.systemd && !(await stat('/run/systemd/system').catch(() => undefined))) {
-    add('warn', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
+  if (o.systemd && !(await systemdRunning())) {
+    out.warn('systemd_absent', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
   } else if (o.systemd) {
     for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.service']) {
-      const active = await execa('systemctl', ['is-active', unit], { reject: false });
-      const state = active.stdout.trim() || 'unknown';
-      if (state === 'active') add('ok', 'units', `${unit} active`);
-      else add('problem', 'units', `${unit} is ${state}`, state === 'unknown' || active.exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);
+      const { state, exitCode } = await unitState(unit);
+      if (state === 'active') out.ok('units', `${unit} active`);
+      else out.problem('unit_inactive', 'units', `${unit} is ${state}`, state === 'unknown' || exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);
     }
   }
-  return out;
+  // 8. an enrolled host: enrolment, the link, versions, drift (none of it on a host never enrolled)
+  const link = await linkChecks({ credentialPath: credential, handoffDir: o.handoffDir, layout, now }, out);
+  return { findings: out.list, link };
 }

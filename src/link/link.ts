@@ -1,12 +1,13 @@
 import type { Logger } from '../log/logger.js';
 import type { Service } from '../service/service.js';
 import { LinkCredential } from './credential.js';
+import { recordLinkStatus } from './link-status.js';
 import { createPresence, type PresenceConfig } from './presence.js';
 import { createStatePoller, type StatePollerConfig } from './state-poller.js';
 
 export interface LinkConfig {
   credentialPath: string;
-  poller: Omit<StatePollerConfig, 'onHandedOver'>;
+  poller: Omit<StatePollerConfig, 'onHandedOver' | 'onPoll'>;
   presence: PresenceConfig;
 }
 
@@ -18,6 +19,7 @@ export interface LinkConfig {
 export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
   const credential = new LinkCredential(config.credentialPath, log.child({ part: 'link' }));
   const presence = createPresence(config.presence, credential);
-  const poller = createStatePoller({ ...config.poller, onHandedOver: () => presence.changed() }, credential);
+  const onPoll = recordLinkStatus(config.poller.handoffDir, credential, log.child({ part: 'link' }));
+  const poller = createStatePoller({ ...config.poller, onHandedOver: () => presence.changed(), onPoll }, credential);
   return [poller, presence.service];
 }

@@ -4,12 +4,13 @@ import { Agent } from 'undici';
 import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { linkUrl, PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
+import { presenceProblems, type PartHealth } from '../data/problem-codes.js';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import type { LinkCredential } from './credential.js';
 
-export type PartHealth = 'ok' | 'degraded' | 'down';
+export type { PartHealth };
 
 export interface PresenceConfig {
   gatewayUrl: string;
@@ -47,11 +48,6 @@ export async function partHealth(agent: Agent, url: string, signal: AbortSignal)
   }
 }
 
-/** The problem code of a part that is down: `forwarder` → `forwarder_down`, `cli-proxy` → `cli_proxy_down`. */
-function downCode(part: string): string {
-  return `${part.replaceAll('-', '_')}_down`;
-}
-
 /**
  * Builds one presence report from what is on disk and what the parts answer: the applied
  * version (apply's record), slots (slot, tokenId, expiresAt: never a token), parts' health
@@ -62,16 +58,8 @@ export async function buildPresence(config: PresenceConfig, agent: Agent, creden
   const applied = await readAppliedState(config.handoffDir);
   const { slots, errors } = await readSlots(paths);
   const parts: Record<string, PartHealth> = {};
-  const problems: string[] = [];
-  for (const [part, url] of Object.entries(config.health)) {
-    const health = await partHealth(agent, url, signal);
-    parts[part] = health;
-    if (health === 'down') problems.push(downCode(part));
-    else if (health === 'degraded') problems.push(`${part.replaceAll('-', '_')}_degraded`);
-  }
-  if (applied?.rejected && (applied.rejected.version === null || applied.rejected.version > applied.version)) problems.push('state_rejected');
-  if (errors.length > 0) problems.push('slot_file_invalid');
-  if (!credentialUsable) problems.push('credential_unusable');
+  for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal);
+  const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable });
   return presenceSchema.parse({
     hostId: config.hostId,
     version: config.version,

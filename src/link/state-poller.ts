@@ -7,7 +7,9 @@ import { atomicWrite } from '../fs/atomic-write.js';
 import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
+import type { LinkErrorCode } from '../data/link-status.js';
 import type { LinkCredential } from './credential.js';
+import type { PollEvent } from './link-status.js';
 
 export interface StatePollerConfig {
   gatewayUrl: string;
@@ -19,6 +21,8 @@ export interface StatePollerConfig {
   credentialRecheckMs: number;
   /** Called after a new desired state was handed over (presence reports soon after). */
   onHandedOver?: (version: number) => void;
+  /** Told how each poll ended (link-status.json for doctor). */
+  onPoll?: (event: PollEvent) => void;
 }
 
 export const defaultStatePollerConfig = {
@@ -31,7 +35,7 @@ type PollOutcome =
   | { kind: 'state'; version: number; text: string }
   | { kind: 'unchanged' }
   | { kind: 'credential_invalid' }
-  | { kind: 'retry'; reason: string; retryAfterMs?: number };
+  | { kind: 'retry'; code: LinkErrorCode; reason: string; retryAfterMs?: number };
 
 /** The version of the desired state already handed over (0: none, or an unusable file). */
 export async function handedOverVersion(path: string): Promise<number> {
@@ -67,7 +71,7 @@ async function pollOnce(agent: Agent, config: StatePollerConfig, credential: str
         size += buf.length;
         if (size > MAX_STATE_BYTES) {
           res.body.destroy();
-          return { kind: 'retry', reason: 'answer larger than the desired-state bound' };
+          return { kind: 'retry', code: 'invalid_state', reason: 'answer larger than the desired-state bound' };
         }
         chunks.push(buf);
       }
@@ -76,17 +80,18 @@ async function pollOnce(agent: Agent, config: StatePollerConfig, credential: str
   } catch (err) {
     // The code only: an error's text can carry address details.
     const code = (err as { code?: string }).code ?? (signal.aborted ? 'aborted' : 'network_error');
-    return { kind: 'retry', reason: `network: ${code}` };
+    return { kind: 'retry', code: 'network', reason: `network: ${code}` };
   }
   if (status === 204) return { kind: 'unchanged' };
   if (status === 401) return { kind: 'credential_invalid' };
   if (status === 200) {
     const parsed = parseDesiredState(text);
     // The validator names the place and the rule, never a value; the body is never logged.
-    if (!parsed.ok) return { kind: 'retry', reason: `invalid desired state: ${parsed.error}` };
+    if (!parsed.ok) return { kind: 'retry', code: 'invalid_state', reason: `invalid desired state: ${parsed.error}` };
     return { kind: 'state', version: parsed.value.version, text };
   }
-  return { kind: 'retry', reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, Date.now()) };
+  const code = status === 429 ? 'rate_limited' : status >= 500 ? 'gateway_unavailable' : 'unexpected_status';
+  return { kind: 'retry', code, reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, Date.now()) };
 }
 
 /**
@@ -113,7 +118,10 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
         const read = credential.read();
         if (read.kind === 'halted') return config.credentialRecheckMs;
         if (read.kind === 'unusable') {
-          if (!unusableLogged) log.error({ path: credential.path, problem: read.reason }, 'host credential unusable; the state poll waits for it');
+          if (!unusableLogged) {
+            config.onPoll?.({ kind: 'unusable', detail: read.reason });
+            log.error({ path: credential.path, problem: read.reason }, 'host credential unusable; the state poll waits for it');
+          }
           unusableLogged = true;
           return config.credentialRecheckMs;
         }
@@ -134,6 +142,7 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
         switch (outcome.kind) {
           case 'unchanged':
             attempt = 0;
+            config.onPoll?.({ kind: 'answered' });
             return 0;
           case 'credential_invalid':
             credential.halt(read.credential);
@@ -144,9 +153,11 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
             log.info({ version: outcome.version, previous: after }, 'desired state handed over to apply');
             after = outcome.version;
             config.onHandedOver?.(outcome.version);
+            config.onPoll?.({ kind: 'answered', version: outcome.version });
             return 0;
           case 'retry': {
             attempt += 1;
+            config.onPoll?.({ kind: 'failed', code: outcome.code, detail: outcome.reason });
             const delayMs = backoffDelay(attempt, outcome.retryAfterMs, config.backoff);
             log.warn({ reason: outcome.reason, attempt, retryInMs: delayMs, retryAfterMs: outcome.retryAfterMs }, 'state poll failed; the last good state stays; retrying');
             return delayMs;

@@ -5,6 +5,7 @@ import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } 
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
+import { doctorReportSchema } from '../../src/data/doctor-report.js';
 import { runDoctor, type Finding } from '../../src/doctor/doctor.js';
 import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, writeToken } from '../support/cli-proc.js';
 import { startProxy, type ProxyProc } from '../support/proxy-rig.js';
@@ -19,6 +20,10 @@ import { unlessMissing } from '../tools/prerequisite.js';
  * it; exits non-zero on a problem. A healthy fixture is built with the real users and the
  * modes of units/tmpfiles.d, then each misconfiguration is seeded on its own copy.
  */
+
+// About forty doctor runs, each a Node start: seconds apiece on the shared 2-core VM
+// during a full run (measured 200 s for the file at load 20), above tap's 180 s default.
+t.setTimeout(600_000);
 
 const isRoot = process.getuid?.() === 0;
 const SYSUSERS = join(REPO_ROOT, 'units/sysusers.d/agent-connectors.conf');
@@ -149,7 +154,9 @@ interface DoctorRun {
 const doctorOutput: string[] = [];
 
 async function doctor(args: string[]): Promise<DoctorRun> {
-  const child = spawn(process.execPath, [CLI, 'doctor', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NOTIFY_SOCKET: '' } });
+  // `env -u NODE_OPTIONS`, as startCli does: tap's spawn hook puts its loaders back into
+  // any env given here, and they double a CLI's start-up on a busy machine.
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, 'doctor', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NOTIFY_SOCKET: '' } });
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -159,9 +166,12 @@ async function doctor(args: string[]): Promise<DoctorRun> {
   let findings: Finding[] = [];
   if (args.includes('--json')) {
     try {
-      findings = JSON.parse(stdout) as Finding[];
-    } catch {
-      throw new Error(`doctor --json printed no JSON (exit ${code}): ${stdout}\n${stderr}`);
+      // One document, valid against its schema; its checks read back as findings.
+      const report = doctorReportSchema.parse(JSON.parse(stdout));
+      findings = report.checks.map(({ status, ...rest }) => ({ level: status, ...rest }));
+      if (report.summary.exitCode !== code) throw new Error(`summary.exitCode ${report.summary.exitCode} but exit ${code}`);
+    } catch (err) {
+      throw new Error(`doctor --json printed no valid report (exit ${code}): ${(err as Error).message}\n${stdout}\n${stderr}`);
     }
   }
   return { code, stdout, stderr, findings };
@@ -196,7 +206,8 @@ let proxy: ProxyProc | undefined;
 let healthy: Fixture | undefined;
 
 function baseArgs(fx: Fixture, extra: string[] = []): string[] {
-  return ['--state-dir', fx.stateDir, '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
+  // A credential path of the fixture's own, which does not exist: never enrolled, whatever this machine has in /etc.
+  return ['--state-dir', fx.stateDir, '--credential', join(fx.base, 'host-credential'), '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
 }
 
 /** One problem finding for `check` whose detail matches `detail`, with a fix; fails loudly otherwise. */
@@ -204,6 +215,7 @@ function findProblem(tt: TapTest, run: DoctorRun, check: string, detail: RegExp)
   const f = problems(run).find((p) => p.check === check && detail.test(p.detail));
   tt.ok(f, `a ${check} problem matching ${detail} (got ${JSON.stringify(problems(run))})`);
   if (f) tt.ok(typeof f.fix === 'string' && f.fix.length > 0, `${check}: it names a fix`);
+  if (f) tt.match(f.code ?? '', /^[a-z][a-z0-9_]+$/, `${check}: it has a problem code`);
   return f;
 }
 
@@ -229,6 +241,7 @@ test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   const checks = new Set(run.findings.map((f) => f.check));
   for (const c of ['users', 'directories', 'registry', 'catalog', 'agent user', 'renewal', 'ports']) tt.ok(checks.has(c), `checked: ${c}`);
   tt.notOk(checks.has('units'), '--no-systemd skips the units');
+  for (const c of ['enrolment', 'link', 'desired state', 'drift']) tt.notOk(checks.has(c), `never enrolled: no ${c} check`);
   tt.equal(run.findings.filter((f) => f.check === 'directories' && f.level === 'ok').length, 6, 'all six directories ok');
   tt.equal(run.findings.filter((f) => f.check === 'renewal' && f.level === 'ok').length, 2, 'both slots fresh');
   tt.equal(run.findings.filter((f) => f.check === 'ports' && f.level === 'ok').length, 2, 'both ports answer');

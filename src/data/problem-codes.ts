@@ -1,0 +1,37 @@
+import type { AppliedState } from './applied-state.js';
+
+/**
+ * The problem codes the link's presence sends to the platform and `doctor` prints to the
+ * operator (SPEC §8): one place for the names, so both sides of the same host say the same
+ * thing. Codes are snake_case and stable; a new one may be added, none renamed.
+ */
+
+export type PartHealth = 'ok' | 'degraded' | 'down';
+
+/** `forwarder` down → `forwarder_down`; `cli-proxy` degraded → `cli_proxy_degraded`; ok → none. */
+export function partProblem(part: string, health: PartHealth): string | undefined {
+  return health === 'ok' ? undefined : `${part.replaceAll('-', '_')}_${health}`;
+}
+
+export const STATE_REJECTED = 'state_rejected';
+export const SLOT_FILE_INVALID = 'slot_file_invalid';
+export const CREDENTIAL_UNUSABLE = 'credential_unusable';
+
+/** Whether apply's record holds a rejection newer than the version in force (an older one was superseded). */
+export function rejectionPending(applied: AppliedState | undefined): boolean {
+  return Boolean(applied?.rejected && (applied.rejected.version === null || applied.rejected.version > applied.version));
+}
+
+/** The problem codes of one presence report, in a fixed order. */
+export function presenceProblems(input: {
+  parts: Record<string, PartHealth>;
+  applied: AppliedState | undefined;
+  slotFileErrors: number;
+  credentialUsable: boolean;
+}): string[] {
+  const problems = Object.entries(input.parts).flatMap(([part, health]) => partProblem(part, health) ?? []);
+  if (rejectionPending(input.applied)) problems.push(STATE_REJECTED);
+  if (input.slotFileErrors > 0) problems.push(SLOT_FILE_INVALID);
+  if (!input.credentialUsable) problems.push(CREDENTIAL_UNUSABLE);
+  return problems;
+}
