@@ -275,6 +275,7 @@ function addChangeCommand(dev: Command, action: 'connect' | 'disconnect'): void 
     .command(`${action} <kind> <name>`)
     .description(`${action} a demo binding or provider in the running dev's demo platform, and wait until the host shows it`)
     .option('--timeout-ms <n>', 'how long to wait for the host', '15000')
+    .addHelpText('after', "\n<kind> <name>: binding demo, binding sandbox, provider demo.\nThe running dev is found through <state>/dev.json: give dev's --state-dir if it was not ./.state.\nExit codes: 0 shown by the host, 1 not shown in time, 2 unknown name or no dev running.\n")
     // --state-dir is dev's own option (commander gives it to the parent wherever it is written).
     .action(async (kind: string, name: string, opts: { timeoutMs: string }, cmd: Command) => {
       const { stateDir } = cmd.optsWithGlobals<{ stateDir: string }>();
