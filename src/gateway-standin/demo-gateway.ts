@@ -9,6 +9,7 @@ import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import type { Logger } from '../log/logger.js';
 import type { RenewAuthority } from './authority.js';
+import { handleDemoControlHttp, isDemoApiSlot, type DemoConnections } from './demo-control.js';
 import { handleRenewHttp } from './gateway-http.js';
 import type { HostControl } from './host-control.js';
 import { handleHostHttp } from './host-http.js';
@@ -23,6 +24,8 @@ export class DemoGateway {
   private readonly sessions = new Map<string, StreamableHTTPServerTransport>();
   private readonly server = createServer((req, res) => void this.onRequest(req, res));
   port = 0;
+  /** The demo platform's connect/disconnect surface (`/demo`), once dev has made it. */
+  private connections: DemoConnections | undefined;
 
   constructor(
     private readonly log: Logger,
@@ -37,6 +40,11 @@ export class DemoGateway {
     await once(this.server, 'listening');
     this.port = (this.server.address() as AddressInfo).port;
     return this.port;
+  }
+
+  /** Serves `/demo` (the page and the control requests) for these connections. */
+  serveDemoControl(connections: DemoConnections): void {
+    this.connections = connections;
   }
 
   get mcpUrl(): string {
@@ -57,6 +65,7 @@ export class DemoGateway {
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (await handleRenewHttp(this.authority, req, res)) return;
     if (this.hostControl && (await handleHostHttp(this.hostControl, req, res))) return;
+    if (this.connections && handleDemoControlHttp(this.connections, req, res, this.port)) return;
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname.startsWith('/api/demo/')) return this.demoApi(req, res, url);
     if (url.pathname !== '/mcp') return reply(res, 404, { error: 'not_found' });
@@ -104,7 +113,7 @@ export class DemoGateway {
   private demoApi(req: IncomingMessage, res: ServerResponse, url: URL): void {
     const auth = req.headers.authorization ?? '';
     const valid = auth.startsWith('Bearer ') ? this.authority.isValidToken(auth.slice(7)) : undefined;
-    if (!valid || valid.slot !== 'cli:demo') return reply(res, 401, { error: 'invalid_token' });
+    if (!valid || !isDemoApiSlot(valid.slot)) return reply(res, 401, { error: 'invalid_token' });
     if (url.pathname === '/api/demo/whoami') return reply(res, 200, { provider: 'demo', tokenId: valid.tokenId });
     if (url.pathname === '/api/demo/items') {
       const q = url.searchParams.get('q') ?? '';

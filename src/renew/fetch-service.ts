@@ -1,4 +1,5 @@
 import { join, basename } from 'node:path';
+import { readdir } from 'node:fs/promises';
 import { watch } from 'chokidar';
 import { FetchIncompleteError } from '../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
@@ -8,7 +9,7 @@ import type { Service } from '../service/service.js';
 import { readTokenFile } from '../token/token-file.js';
 import { FetchState } from './fetch-state.js';
 import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
-import { handoffPaths, readSlots, type SlotFile } from '../data/handoff.js';
+import { handoffPaths, readSlots, slotOfFileName, type SlotFile } from '../data/handoff.js';
 import {
   afterCredentialChange,
   credentialDigest,
@@ -80,6 +81,8 @@ export function createFetchService(config: FetchConfig): Service {
       const agent = createFetchAgent();
       const fetchDeps: FetchDeps = { gatewayUrl: config.gatewayUrl, paths, state, agent, log };
       const slotStates = new Map<string, SlotPolicyState>();
+      /** Slots seen at the last scan: one gone since was retired (SPEC §8 reconcile). */
+      let seen = new Set<string>();
       let haltedOn: string | undefined; // digest of the credential the Gateway refused
       let unsettled = 0;
 
@@ -121,6 +124,18 @@ export function createFetchService(config: FetchConfig): Service {
         }
         const { slots, errors } = await readSlots(paths);
         for (const e of errors) log.warn(e, 'ignoring invalid slot file');
+        // A retired slot's memory must not outlive it: connected again, its new slot file
+        // (generation 0) would look already delivered and wait out the old token's schedule.
+        // Gone means no file at all (by name): a file unreadable for a moment is still there.
+        const names = await readdir(paths.slots).catch(() => undefined);
+        if (names) {
+          const present = new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
+          for (const gone of [...seen].filter((s) => !present.has(s))) {
+            slotStates.delete(gone);
+            await state.forget(gone);
+          }
+          seen = present;
+        }
         let next = now + config.maxSleepMs;
         unsettled = 0;
         for (const slot of slots) {

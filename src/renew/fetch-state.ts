@@ -1,4 +1,4 @@
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { atomicWrite } from '../fs/atomic-write.js';
@@ -45,6 +45,11 @@ export class FetchState {
     if (text === undefined) return { slot };
     const parsed = parseJsonWith(fetchSlotStateSchema, text);
     return parsed.ok && parsed.value.slot === slot ? parsed.value : { slot };
+  }
+
+  /** The slot was retired: its record goes with it. */
+  async forget(slot: string): Promise<void> {
+    await unlink(this.path(slot)).catch(() => undefined);
   }
 
   async write(state: FetchSlotState): Promise<void> {

@@ -77,9 +77,9 @@ export class CliProc {
     );
   }
 
-  /** Waits for a stderr line matching `re` (the human output of `dev`, usage errors). */
-  async waitForStderr(re: RegExp, timeoutMs = 10_000): Promise<RegExpExecArray> {
-    let idx = 0;
+  /** Waits for a stderr line matching `re` (the human output of `dev`, usage errors), from line `from` of `stderr` on. */
+  async waitForStderr(re: RegExp, timeoutMs = 10_000, from = 0): Promise<RegExpExecArray> {
+    let idx = from;
     return this.arrivals.until(
       () => {
         for (; idx < this.stderr.length; idx++) {

@@ -1,0 +1,137 @@
+import { existsSync } from 'node:fs';
+import { basename } from 'node:path';
+import { watch } from 'chokidar';
+import { readAppliedState } from '../data/applied-state.js';
+import { readCatalog } from '../data/catalog.js';
+import { readInstances } from '../data/registry.js';
+import { runLoop } from '../service/loop.js';
+import type { Service } from '../service/service.js';
+
+/**
+ * dev's narration of the host side: what apply has put in force, told in the user's terms
+ * ("binding sandbox served at URL", "token file deleted"). It only reads what apply wrote
+ * (applied-state.json, the registry, the catalog, token files), so what it says is what
+ * the proxies serve. Level-triggered: each look compares the whole view with the last one,
+ * so the order and number of file events do not matter.
+ */
+
+export interface HostView {
+  version: number;
+  rejected: number | null | undefined;
+  /** Served = in the registry (catalog) with its token file present: id → token file. */
+  bindings: Map<string, string>;
+  providers: Map<string, string>;
+  /** In the registry (catalog), served or not. */
+  listedBindings: Set<string>;
+  listedProviders: Set<string>;
+}
+
+export const EMPTY_VIEW: HostView = {
+  version: 0,
+  rejected: undefined,
+  bindings: new Map(),
+  providers: new Map(),
+  listedBindings: new Set(),
+  listedProviders: new Set(),
+};
+
+export interface HostReportConfig {
+  handoffDir: string;
+  instancesPath: string;
+  providersPath: string;
+  /** The demo name of a binding id (an unknown id is shown by a prefix only: ids are capabilities). */
+  nameOf: (bindingId: string) => string | undefined;
+  /** Where the proxies listen, once they do. */
+  forwarderBase: () => string | undefined;
+  cliProxyBase: () => string | undefined;
+  say: (line: string) => void;
+}
+
+export async function readHostView(config: Pick<HostReportConfig, 'handoffDir' | 'instancesPath' | 'providersPath'>): Promise<HostView> {
+  const applied = await readAppliedState(config.handoffDir);
+  const instances = await readInstances(config.instancesPath).catch(() => ({}));
+  const catalog = await readCatalog(config.providersPath).catch(() => ({}));
+  const served = (entries: Array<[string, string]>): Map<string, string> => new Map(entries.filter(([, file]) => existsSync(file)));
+  return {
+    version: applied?.appliedAt ? applied.version : 0,
+    rejected: applied?.rejected?.version,
+    bindings: served(Object.entries(instances).map(([id, b]) => [id, b.tokenFile])),
+    providers: served(Object.entries(catalog).map(([name, p]) => [name, p.tokenFile])),
+    listedBindings: new Set(Object.keys(instances)),
+    listedProviders: new Set(Object.keys(catalog)),
+  };
+}
+
+/** The lines telling what changed from `prev` to `next`. Pure. */
+export function describeChange(prev: HostView, next: HostView, config: Pick<HostReportConfig, 'nameOf' | 'forwarderBase' | 'cliProxyBase'>): string[] {
+  const lines: string[] = [];
+  if (next.version !== prev.version) lines.push(`host: desired state version ${next.version} applied`);
+  if (next.rejected !== undefined && next.rejected !== prev.rejected) {
+    lines.push(`host: desired state version ${next.rejected ?? '?'} rejected; the last good one keeps serving (see the log)`);
+  }
+  const label = (id: string): string => config.nameOf(id) ?? `${id.slice(0, 4)}…`;
+  for (const [id] of next.bindings) {
+    if (prev.bindings.has(id)) continue;
+    const base = config.forwarderBase();
+    lines.push(`host: binding ${label(id)} now served at ${base ? `${base}/i/${id}/mcp` : `/i/${id}/mcp`}`);
+  }
+  for (const [id, file] of prev.bindings) {
+    if (next.bindings.has(id)) continue;
+    lines.push(
+      next.listedBindings.has(id)
+        ? `host: binding ${label(id)} has no token file now (${file}): the forwarder answers 503 until a renewal brings one`
+        : `host: binding ${label(id)} disconnected: token file ${existsSync(file) ? 'still present' : 'deleted'} (${basename(file)}); its URL answers 404`,
+    );
+  }
+  for (const [name] of next.providers) {
+    if (prev.providers.has(name)) continue;
+    const base = config.cliProxyBase();
+    lines.push(`host: provider ${name} now served by the cli-proxy at ${base ? `${base}/p/${name}` : `/p/${name}`}`);
+  }
+  for (const [name, file] of prev.providers) {
+    if (next.providers.has(name)) continue;
+    lines.push(
+      next.listedProviders.has(name)
+        ? `host: provider ${name} has no token file now (${basename(file)}): the cli-proxy answers 503 until a renewal brings one`
+        : `host: provider ${name} disconnected: token file ${existsSync(file) ? 'still present' : 'deleted'} (${basename(file)}); /p/${name} answers 404`,
+    );
+  }
+  return lines;
+}
+
+/** Watches the hand-off (applied-state.json, slot files: apply writes them after each token) and narrates. */
+export function createHostReport(config: HostReportConfig): Service {
+  return {
+    name: 'dev-report',
+    async run({ signal, log }) {
+      let view = EMPTY_VIEW;
+      const watcher = watch(config.handoffDir, {
+        ignoreInitial: true,
+        depth: 1,
+        ignored: (p: string) => basename(p).startsWith('.') || /\/(inbox|rejected)(\/|$)/.test(p.slice(config.handoffDir.length)),
+      });
+      const ready = new Promise<void>((r) => watcher.once('ready', () => r()));
+      try {
+        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the hand-off failed; looking every few seconds'));
+        await ready;
+        await runLoop({
+          name: 'dev-report',
+          log,
+          signal,
+          step: async () => {
+            const next = await readHostView(config);
+            for (const line of describeChange(view, next, config)) config.say(line);
+            view = next;
+            return 5_000;
+          },
+          subscribeWake: (wake) => {
+            watcher.on('all', wake).on('raw', wake);
+            return () => undefined;
+          },
+        });
+      } finally {
+        await watcher.close();
+      }
+    },
+  };
+}

@@ -1,0 +1,42 @@
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { describeChange, EMPTY_VIEW, readHostView } from '../../src/dev/host-report.js';
+import { tempDir } from '../support/temp-dir.js';
+
+/** dev's narration from what apply wrote: served = listed and its token file present. */
+
+t.test('the view and the lines: served, disconnected (token deleted), token missing', async (t) => {
+  const root = tempDir('ac-host-report-', t);
+  const handoffDir = join(root, 'handoff');
+  const instancesPath = join(root, 'instances.json');
+  const providersPath = join(root, 'providers.json');
+  mkdirSync(handoffDir);
+  const token = join(root, 'sandbox.token');
+  const id = 'demo_abcdefghijklmnop';
+  const config = { handoffDir, instancesPath, providersPath };
+  const names = { nameOf: (b: string) => (b === id ? 'sandbox' : undefined), forwarderBase: () => 'http://127.0.0.1:1', cliProxyBase: () => 'http://127.0.0.1:2' };
+  const applied = (version: number): void => writeFileSync(join(handoffDir, 'applied-state.json'), JSON.stringify({ version, appliedAt: new Date().toISOString() }));
+
+  writeFileSync(instancesPath, JSON.stringify({ [id]: { instanceId: 'sandbox', upstreamUrl: 'http://127.0.0.1:3/mcp', tokenFile: token } }));
+  applied(4);
+  const listed = await readHostView(config);
+  t.same(describeChange(EMPTY_VIEW, listed, names), ['host: desired state version 4 applied'], 'listed without a token: not served yet');
+
+  writeFileSync(token, 'tok\n', { mode: 0o600 });
+  const served = await readHostView(config);
+  t.same(describeChange(listed, served, names), [`host: binding sandbox now served at http://127.0.0.1:1/i/${id}/mcp`]);
+
+  rmSync(token);
+  t.match(describeChange(served, await readHostView(config), names), [/binding sandbox has no token file now/], 'a token gone while listed');
+
+  writeFileSync(token, 'tok\n', { mode: 0o600 });
+  writeFileSync(instancesPath, '{}');
+  applied(5);
+  t.match(describeChange(served, await readHostView(config), names), ['host: desired state version 5 applied', /binding sandbox disconnected: token file still present/], 'says so when the file is still there');
+  rmSync(token);
+  t.match(describeChange(served, await readHostView(config), names), [/version 5/, /binding sandbox disconnected: token file deleted \(sandbox\.token\); its URL answers 404/]);
+
+  const other = 'demo_zyxwvutsrqponmlk';
+  t.match(describeChange({ ...served, bindings: new Map([[other, token]]) }, await readHostView(config), names), [/version/, /binding demo…/], 'an unknown id shows only a prefix');
+});
