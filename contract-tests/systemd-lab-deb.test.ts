@@ -7,9 +7,9 @@ import t from 'tap';
 import { REPO_ROOT } from '../test/support/cli-proc.js';
 import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../test/support/lab.js';
 import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
-import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
+import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
 import { McpUpstream } from './helpers/mcp-upstream.js';
 
 /**
@@ -104,13 +104,8 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`, `cli:${PROVIDER}`] });
   t.teardown(() => gw.close());
-  const upstream = await McpUpstream.start({
-    tools: ['echo'],
-    check: (token) => {
-      const valid = token === undefined ? undefined : gw.authority.isValidToken(token);
-      return valid ? { ok: true, tokenId: valid.tokenId } : { ok: false, problem: 'not a token the Gateway minted' };
-    },
-  });
+  const minted = recordMinted(gw);
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
   try {
@@ -121,35 +116,27 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   }
   const l = lab;
 
-  let broken: string | undefined;
-  const step = async (name: string, fn: (tt: TapTest) => Promise<void>): Promise<void> => {
-    if (broken) {
-      await t.test(name, { skip: `an earlier step failed: ${broken}` }, async () => undefined);
-      return;
-    }
-    await t.test(name, async (tt) => {
-      try {
-        await fn(tt);
-      } catch (err) {
-        tt.fail(err instanceof Error ? err.message : String(err));
-      } finally {
-        if (!tt.passing()) broken = name;
-      }
-    });
-  };
+  const step = labSteps(t);
   const states = async (): Promise<Record<string, string>> => {
     const out: Record<string, string> = {};
     for (const unit of SERVICES) out[unit] = (await l.show(unit, ['ActiveState'])).ActiveState ?? '';
     return out;
   };
   const allInactive = Object.fromEntries(SERVICES.map((u) => [u, 'inactive']));
+  /** What every dpkg run printed (maintainer scripts included). */
+  const dpkgOutput: string[] = [];
+  const dpkg = async (args: string): Promise<string> => {
+    const out = await l.sh(`${args} 2>&1`, 120_000);
+    dpkgOutput.push(out);
+    return out;
+  };
   const exists = async (path: string): Promise<boolean> => (await l.exec(`test -e '${path}' || test -L '${path}'`)).code === 0;
   /** Checksums of the state an upgrade or a remove must keep. */
   const keptState = async (): Promise<string> =>
     l.sh(`cd / && sha256sum ${STATE}/mcp-forwarder/* ${STATE}/cli-proxy/* ${STATE}/handoff/slots/* ${SHIMS}/* ${ETC}/*`);
 
   await step(`dpkg -i ${V1}: users, directories and units in place, nothing started or enabled`, async (tt) => {
-    const out = await l.sh(`${dpkgI} ${debOf(V1)} 2>&1`, 120_000);
+    const out = await dpkg(`${dpkgI} ${debOf(V1)}`);
     tt.match(out, new RegExp(`Setting up ${PKG} \\(${V1}\\)`), 'dpkg configured the package');
     tt.equal((await l.sh(`dpkg-query -W -f '\${Status} \${Version}' ${PKG}`)).trim(), `install ok installed ${V1}`, 'dpkg: installed');
     tt.equal((await l.exec('getent passwd agent-connectors')).code, 0, 'postinst created the service user (systemd-sysusers)');
@@ -228,7 +215,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     for (const unit of SERVICES) before[unit] = (await l.show(unit, ['MainPID'])).MainPID ?? '';
     const kept = await keptState();
     const streams = streamsOpened();
-    const out = await l.sh(`${dpkgI} ${debOf(V2)} 2>&1`, 120_000);
+    const out = await dpkg(`${dpkgI} ${debOf(V2)}`);
     tt.match(out, new RegExp(`Unpacking ${PKG} \\(${V2}\\) over \\(${V1}\\)`), 'dpkg upgraded');
     tt.match(out, new RegExp(`Setting up ${PKG} \\(${V2}\\)`), 'and configured it');
     for (const unit of SERVICES) {
@@ -247,7 +234,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
 
   await step('dpkg -r: services stopped, the files gone, state, configuration and users kept', async (tt) => {
     const kept = await keptState();
-    const out = await l.sh(`dpkg -r ${PKG} 2>&1`, 120_000);
+    const out = await dpkg(`dpkg -r ${PKG}`);
     tt.match(out, new RegExp(`Removing ${PKG} \\(${V2}\\)`), 'dpkg removed it');
     tt.equal((await l.sh(`dpkg-query -W -f '\${Status}' ${PKG}`)).trim(), 'deinstall ok config-files', 'dpkg: removed, not purged');
     for (const unit of SERVICES) {
@@ -264,7 +251,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   });
 
   await step('dpkg -P: nothing of ours is left', async (tt) => {
-    const out = await l.sh(`dpkg -P ${PKG} 2>&1`, 120_000);
+    const out = await dpkg(`dpkg -P ${PKG}`);
     tt.match(out, new RegExp(`Purging configuration files for ${PKG} \\(${V2}\\)`), 'dpkg purged it');
     tt.not((await l.exec(`dpkg-query -W ${PKG}`)).code, 0, 'dpkg no longer knows the package');
     const left = await l.sh("find /etc /usr /var /opt \\( -name '*agent-connectors*' -o -name '*agent_connectors*' \\) -print 2>/dev/null | sort");
@@ -272,6 +259,12 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     for (const name of ['agent-connectors']) tt.not((await l.exec(`getent passwd ${name}`)).code, 0, `user ${name} removed`);
     for (const name of ['agent-connectors', 'agent-connectors-renew']) tt.not((await l.exec(`getent group ${name}`)).code, 0, `group ${name} removed`);
     tt.same(await states(), Object.fromEntries(SERVICES.map((u) => [u, 'inactive'])), 'nothing of ours runs');
+  });
+
+  await step('no token and no credential in the journal, the console or dpkg\'s output', async (tt) => {
+    const all = (await l.sh('journalctl --no-pager -o cat')) + l.consoleLog() + dpkgOutput.join('\n');
+    tt.ok(minted.length >= 2, `${minted.length} tokens were minted`);
+    tt.same([credential, ...minted].filter((x) => all.includes(x)).map((x) => `${x.slice(0, 6)}…`), [], 'none appears');
   });
 
   await step('the host itself was never touched', async (tt) => {
