@@ -8,7 +8,7 @@
  * --omit=dev in a scratch directory, from npm's cache when it has them), the control file
  * and the maintainer scripts. Needs `npm run build` first (dist/). docs/packaging.md.
  */
-import { chmod, cp, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -23,7 +23,7 @@ const PACKAGING = join(REPO, 'packaging');
 const MAINTAINER_SCRIPTS = ['postinst', 'prerm', 'postrm'] as const;
 const TARGET = 'agent-connectors.target';
 
-const packageJsonSchema = z.object({ name: z.string(), version: z.string() }).passthrough();
+const packageJsonSchema = z.looseObject({ name: z.string(), version: z.string() });
 /** Debian's version syntax (upstream[-revision], no epoch here). */
 const debVersionSchema = z.string().regex(/^[0-9][A-Za-z0-9.+~-]*$/, 'a Debian version: digits first, then [A-Za-z0-9.+~-]');
 
@@ -79,6 +79,10 @@ async function main(): Promise<void> {
     const shippedPkg = join(root, l.libDir, 'package.json');
     await writeFile(shippedPkg, `${JSON.stringify({ ...packageJsonSchema.parse(JSON.parse(await readFile(shippedPkg, 'utf8'))), version }, null, 2)}\n`);
 
+    // /etc is the operator's (docs/packaging.md: no conffiles): should install() ever write
+    // a file there, it must not end up in the package, where dpkg would own it.
+    const outside = (await readdir(root)).filter((name) => name !== 'usr');
+    if (outside.length > 0) throw new Error(`the staged package has files outside /usr: ${outside.join(', ')}`);
     const units = await unitFiles(REPO);
     const { users, groups } = sysusersNames(await readFile(join(REPO, 'units/sysusers.d/agent-connectors.conf'), 'utf8'));
     const slots: Record<string, string> = {
