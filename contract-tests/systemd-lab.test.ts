@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import type { RenewAuthority } from '../src/gateway-standin/authority.js';
 import { CLI } from '../test/support/cli-proc.js';
 import {
   CLI_PROXY_PORT,
@@ -18,9 +17,9 @@ import {
   run,
   type SystemUser,
 } from '../test/support/lab.js';
-import { McpUpstream, type TokenVerdict } from './helpers/mcp-upstream.js';
+import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
+import { McpUpstream } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
-import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
 
@@ -56,19 +55,6 @@ const DYNAMIC_UIDS = [61184, 65519] as const;
 const TOKEN_LIFETIME_MS = 15_000;
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-/**
- * The token check of the Gateway's MCP endpoint (an `McpUpstream`): every bearer token goes
- * to the mock renewal Gateway's own authority, as at a real Gateway (401 for anything it did
- * not mint, or minted but expired).
- */
-function checkWith(authority: RenewAuthority): (token: string | undefined) => TokenVerdict {
-  return (token) => {
-    if (!token) return { ok: false, problem: 'no bearer token' };
-    const valid = authority.isValidToken(token);
-    return valid ? { ok: true, tokenId: valid.tokenId } : { ok: false, problem: 'a token the Gateway did not mint or that expired' };
-  };
-}
 
 /** A pino JSON line of a unit's journal, or undefined for anything else. */
 interface LogLine {
@@ -187,13 +173,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [SLOT] });
   t.teardown(() => gw.close());
   // Every token the Gateway hands out, to search the logs for.
-  const minted: string[] = [];
-  const renew = gw.authority.renew.bind(gw.authority);
-  gw.authority.renew = (slot, bearer, body) => {
-    const result = renew(slot, bearer, body);
-    if (result.status === 200 && 'token' in result.body) minted.push(result.body.token);
-    return result;
-  };
+  const minted = recordMinted(gw);
   const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
@@ -231,21 +211,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   }
   t.comment(`lab systemd is host pid ${lab.hostPid}; scratch ${scratch}`);
 
-  /** A step; once an essential one fails the rest are skipped (they would only fail after it). */
-  let broken: string | undefined;
-  const step = async (name: string, fn: (tt: TapTest) => Promise<void>, essential = true): Promise<void> => {
-    if (broken) {
-      await t.test(name, { skip: `an earlier step failed: ${broken}` }, async () => undefined);
-      return;
-    }
-    await t.test(name, async (tt) => {
-      try {
-        await fn(tt);
-      } finally {
-        if (essential && !tt.passing()) broken = name;
-      }
-    });
-  };
+  const step = labSteps(t);
 
   await step('tmpfiles.d creates the state directories with the modes of SPEC §2', async (tt) => {
     await lab.sh(`systemd-tmpfiles --create ${tmpfilesConf}`);

@@ -18,6 +18,12 @@ export interface InstallOptions {
   dryRun: boolean;
   /** After writing: systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload (only with root "/"). */
   activate: boolean;
+  /** Where things go (default: `layout(prefix)`, an administrator's install); the .deb uses `vendorLayout()`. */
+  layout?: Layout;
+  /** The package tree copied (default: the running one); the .deb build names its checkout. */
+  from?: string;
+  /** A node_modules copied instead of the package tree's own (the .deb ships production dependencies only). */
+  nodeModules?: string;
 }
 
 export interface Layout {
@@ -39,6 +45,27 @@ export function layout(prefix: string): Layout {
   };
 }
 
+/**
+ * Where a distribution package puts things: everything under /usr, nothing in /etc, which
+ * stays the operator's (enablement, drop-ins, the host credential).
+ */
+export function vendorLayout(): Layout {
+  return {
+    libDir: '/usr/lib/agent-connectors',
+    binLink: '/usr/bin/agent-connectors',
+    unitDir: '/usr/lib/systemd/system',
+    sysusers: '/usr/lib/sysusers.d/agent-connectors.conf',
+    tmpfiles: '/usr/lib/tmpfiles.d/agent-connectors.conf',
+  };
+}
+
+/**
+ * What `--purge` (and the .deb's purge) deletes besides the installed files: the state
+ * root, the shim directory and renew fetch's private state (DynamicUser= keeps it under
+ * /var/lib/private, with a link beside).
+ */
+export const PURGED_STATE = ['/var/lib/agent-connectors', SYSTEM_SHIM_DIR, '/var/lib/private/agent-connectors-renew-fetch', '/var/lib/agent-connectors-renew-fetch'] as const;
+
 export function renderUnit(text: string, libDir: string, node: string): string {
   return text.split('@LIBDIR@').join(libDir).split('@NODE@').join(node);
 }
@@ -56,13 +83,14 @@ export interface Action {
  */
 export const RETIRED_UNITS = ['agent-connectors-renew-apply.path'] as const;
 
-async function unitFiles(): Promise<string[]> {
-  return (await readdir(join(PACKAGE_ROOT, 'units'))).filter((n) => /\.(service|path|timer|target)$/.test(n)).sort();
+export async function unitFiles(from: string = PACKAGE_ROOT): Promise<string[]> {
+  return (await readdir(join(from, 'units'))).filter((n) => /\.(service|path|timer|target)$/.test(n)).sort();
 }
 
 /** Plans and (unless dry-run) performs the installation; returns what it did, in order. */
 export async function install(options: InstallOptions): Promise<Action[]> {
-  const l = layout(options.prefix);
+  const l = options.layout ?? layout(options.prefix);
+  const from = options.from ?? PACKAGE_ROOT;
   const at = (p: string): string => join(options.root, p);
   const actions: Action[] = [];
   const act = async (what: string, path: string, fn: () => Promise<void>): Promise<void> => {
@@ -75,7 +103,7 @@ export async function install(options: InstallOptions): Promise<Action[]> {
       await rm(at(l.libDir), { recursive: true, force: true });
       await mkdir(at(l.libDir), { recursive: true, mode: 0o755 });
       for (const part of PACKAGE_PARTS) {
-        const src = join(PACKAGE_ROOT, part);
+        const src = part === 'node_modules' && options.nodeModules ? options.nodeModules : join(from, part);
         if (await stat(src).catch(() => undefined)) await cp(src, join(at(l.libDir), part), { recursive: true, dereference: false });
       }
     });
@@ -85,8 +113,8 @@ export async function install(options: InstallOptions): Promise<Action[]> {
     await unlink(at(l.binLink)).catch(() => undefined);
     await symlink(relative(dirname(l.binLink), join(l.libDir, 'dist', 'cli.js')), at(l.binLink));
   });
-  for (const name of await unitFiles()) {
-    const text = await readFile(join(PACKAGE_ROOT, 'units', name), 'utf8');
+  for (const name of await unitFiles(from)) {
+    const text = await readFile(join(from, 'units', name), 'utf8');
     await act('write unit', join(l.unitDir, name), async () => {
       await mkdir(at(l.unitDir), { recursive: true });
       await atomicWrite(at(join(l.unitDir, name)), renderUnit(text, l.libDir, options.node), { mode: 0o644 });
@@ -100,7 +128,7 @@ export async function install(options: InstallOptions): Promise<Action[]> {
     ['units/sysusers.d/agent-connectors.conf', l.sysusers],
     ['units/tmpfiles.d/agent-connectors.conf', l.tmpfiles],
   ] as const) {
-    const text = await readFile(join(PACKAGE_ROOT, src), 'utf8');
+    const text = await readFile(join(from, src), 'utf8');
     await act('write config', dest, async () => {
       await mkdir(dirname(at(dest)), { recursive: true });
       await atomicWrite(at(dest), text, { mode: 0o644 });
@@ -138,10 +166,7 @@ export async function uninstall(options: UninstallOptions): Promise<Action[]> {
   await remove('remove CLI link', l.binLink);
   if (resolve(at(l.libDir)) !== PACKAGE_ROOT) await remove('remove package', l.libDir);
   if (options.purge) {
-    await remove('purge state', '/var/lib/agent-connectors');
-    await remove('purge state', SYSTEM_SHIM_DIR);
-    await remove('purge state', '/var/lib/private/agent-connectors-renew-fetch');
-    await remove('purge state', '/var/lib/agent-connectors-renew-fetch');
+    for (const path of PURGED_STATE) await remove('purge state', path);
   }
   return actions;
 }

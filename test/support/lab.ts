@@ -148,9 +148,11 @@ export function parseShow(text: string): Record<string, string> {
 export interface LabOptions {
   /** The units under test (the lab's only unit path). */
   unitDir: string;
-  /** Shown inside at appMount. */
-  appDir: string;
-  appMount: string;
+  /** Shown inside at appMount (none: the lab installs the app itself, see overlay). */
+  appDir?: string;
+  appMount?: string;
+  /** Writable overlays of the host's /etc, /usr and /var/lib/dpkg (the lab script's LAB_OVERLAY). */
+  overlay?: boolean;
   /** Scratch dir for the lab (stubs, console.log). */
   work: string;
   /** Hard limit for the whole lab, seconds (the lab script runs under `timeout -k 5`). */
@@ -278,8 +280,9 @@ export class Lab {
     const stopFile = join(opts.work, 'lab-stop');
     const [file, args] = cleanCommand('timeout', ['-k', '5', String(opts.limitS ?? 170), LAB_SCRIPT, `while [ ! -e '${stopFile}' ]; do sleep 0.2; done`], {
       UNIT_DIR: opts.unitDir,
-      APP_DIR: opts.appDir,
-      APP_MOUNT: opts.appMount,
+      APP_DIR: opts.appDir ?? '',
+      APP_MOUNT: opts.appMount ?? '',
+      LAB_OVERLAY: opts.overlay ? '1' : '',
       WORK: opts.work,
       RUN_TIMEOUT: String((opts.limitS ?? 170) - 10),
     });

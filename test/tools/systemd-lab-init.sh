@@ -40,6 +40,13 @@ done
 # Private, empty: /tmp and /var/tmp (the host's temporary files must not meet tmpfiles or
 # PrivateTmp=), /var/lib (StateDirectory=, DynamicUser='s /var/lib/private), /var/log
 # (journald's persistent journal), /opt (where the app appears).
+# LAB_OVERLAY: the package database must survive the empty /var/lib below, so its overlay
+# is mounted aside first (a mount keeps its lower directory even once that is hidden).
+overlay() { # <lower> <name> <mount point>
+  mkdir -p "$WORK/overlay/$2/upper" "$WORK/overlay/$2/work" "$3"
+  mount -t overlay "systemd-lab-$2" -o "lowerdir=$1,upperdir=$WORK/overlay/$2/upper,workdir=$WORK/overlay/$2/work" "$3"
+}
+[ "$LAB_OVERLAY" != 1 ] || overlay /var/lib/dpkg dpkg /run/systemd-lab-dpkg
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=1777 tmpfs /var/tmp
 for dir in /var/lib /var/log /opt; do mount -t tmpfs -o mode=755 tmpfs "$dir"; done
@@ -52,10 +59,20 @@ if [ -n "$APP_DIR" ]; then
   mount --move /run/systemd-lab-keep/2 "$APP_MOUNT"
 fi
 rm -rf /run/systemd-lab-keep
-# Users, groups and the rest of /etc come from the host, read-only: a unit may read them,
-# nothing in the lab may change them (systemd-sysusers and the like never run here).
-mount --bind /etc /etc
-mount -o remount,bind,ro /etc
+if [ "$LAB_OVERLAY" = 1 ]; then
+  mkdir -p /var/lib/dpkg
+  mount --move /run/systemd-lab-dpkg /var/lib/dpkg
+  rmdir /run/systemd-lab-dpkg
+  # Users, groups, /etc and /usr start as the host's; what a package (or systemd-sysusers)
+  # changes stays in the lab.
+  overlay /etc etc /etc
+  overlay /usr usr /usr
+else
+  # Users, groups and the rest of /etc come from the host, read-only: a unit may read them,
+  # nothing in the lab may change them (systemd-sysusers and the like never run here).
+  mount --bind /etc /etc
+  mount -o remount,bind,ro /etc
+fi
 mount --bind "$(tty)" /dev/console
 hostname systemd-lab
 # Private first (unshare --propagation private), so nothing propagates back to the host;

@@ -18,6 +18,9 @@
 #   BOOT_TIMEOUT  seconds to wait for systemd to be up (30)
 #   RUN_TIMEOUT   seconds the command may take (120)
 #   LOGLEVEL      systemd's log level, info or debug (info)
+#   LAB_OVERLAY   1: the lab's /etc, /usr and /var/lib/dpkg are writable overlays of the
+#                 host's (changes land in WORK/overlay), so a package can be installed,
+#                 upgraded and purged inside; default: /etc read-only, /usr the host's
 #
 # Exit codes besides the command's: 2 cannot run here (not root, a tool missing),
 # 3 systemd did not come up.
@@ -121,7 +124,8 @@ done
 # script(1) gives the lab a pty; the init script makes it systemd's /dev/console, so boot
 # and unit status messages land in console.log. unshare --kill-child: should unshare die,
 # the lab's PID 1 goes with it.
-export UNIT_DIR WORK APP_DIR APP_MOUNT LOGLEVEL STUBS PIDFILE
+LAB_OVERLAY=${LAB_OVERLAY:-}
+export UNIT_DIR WORK APP_DIR APP_MOUNT LOGLEVEL STUBS PIDFILE LAB_OVERLAY
 script -qfec "exec unshare --pid --fork --mount --cgroup --uts --ipc --propagation private --kill-child bash '$TOOLS/systemd-lab-init.sh'" \
   "$CONSOLE" </dev/null >/dev/null 2>&1 &
 BOOT_PID=$!

@@ -1,0 +1,274 @@
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { join } from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import t from 'tap';
+import { REPO_ROOT } from '../test/support/cli-proc.js';
+import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../test/support/lab.js';
+import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
+import { tempDir } from '../test/support/temp-dir.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
+import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
+import { McpUpstream } from './helpers/mcp-upstream.js';
+
+/**
+ * The .deb as an operator meets it (issue 13): `npm run package`'s builder makes two
+ * versions, and the systemd lab (test/tools/systemd-lab.sh with LAB_OVERLAY=1: writable
+ * overlays of the host's /etc, /usr and dpkg database, so the host is never changed)
+ * installs the first with dpkg, runs it, upgrades to the second while an MCP client holds
+ * its SSE stream, removes and purges it. docs/packaging.md has the transcript.
+ *
+ * The lab's unit path is a directory of its own, so it holds links to where the package
+ * puts its units (/usr/lib/systemd/system); they resolve once dpkg has unpacked them.
+ */
+
+const PKG = 'agent-connectors';
+const V1 = '0.1.0-lab1';
+const V2 = '0.1.0-lab2';
+const TARGET = 'agent-connectors.target';
+const SERVICES = ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.service'];
+const STATE = '/var/lib/agent-connectors';
+const SHIMS = '/var/lib/agent-connectors-shims';
+const ETC = '/etc/agent-connectors';
+const INSTANCE = 'lab-deb';
+const PROVIDER = 'labprov';
+const COMMAND = 'labcli';
+const BINDING = `deb_${randomBytes(12).toString('base64url')}`;
+const ENABLE_LINK = `/etc/systemd/system/multi-user.target.wants/${TARGET}`;
+const BUILDER = join(REPO_ROOT, 'build/packaging/build.js');
+/** Long enough that no renewal rotates the token during the run: this file is about the package. */
+const TOKEN_LIFETIME_MS = 30 * 60_000;
+/** Building a .deb runs npm ci and xz: minutes on a busy two-core machine. */
+const BUILD_TIMEOUT_MS = 5 * 60_000;
+const BUDGET_MS = 2 * BUILD_TIMEOUT_MS + 5 * 60_000;
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+function skipReason(): string | undefined {
+  const lab = labSkipReason();
+  if (lab) return lab;
+  if (!existsSync('/usr/bin/dpkg') || !existsSync('/usr/bin/dpkg-deb')) return 'the .deb test needs dpkg and dpkg-deb (Debian: the dpkg package)';
+  if (!/\boverlay\b/.test(readFileSync('/proc/filesystems', 'utf8'))) return 'the .deb lab needs overlayfs (LAB_OVERLAY=1), which this kernel lacks';
+  if (!existsSync('/usr/bin/node')) return "the package's units run /usr/bin/node (Depends: nodejs), which is missing here";
+  return undefined;
+}
+
+t.setTimeout(BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS);
+
+t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', { skip: unlessMissing(t, skipReason()), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
+  const scratch = tempDir('ac-deb-lab-');
+  // The lab's /tmp is private: what it must see lives under its WORK directory.
+  const work = join(scratch, 'work');
+  const debs = join(work, 'debs');
+  const unitDir = join(scratch, 'units');
+  mkdirSync(debs, { recursive: true });
+  mkdirSync(unitDir);
+  let lab: Lab | undefined;
+  t.teardown(async () => {
+    if (lab) {
+      const journal = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
+      await lab.shutdown();
+      if (!t.passing()) {
+        t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
+        t.comment(`---- journal (last 150 lines) ----\n${journal.split('\n').slice(-150).join('\n')}`);
+      }
+    }
+    if (t.passing()) rmSync(scratch, { recursive: true, force: true });
+    else t.comment(`scratch dir (kept): ${scratch}`);
+  });
+
+  const HOST_PATHS = ['/usr/lib/agent-connectors', '/usr/bin/agent-connectors', `/usr/lib/systemd/system/${TARGET}`, ETC];
+  const hostBefore = HOST_PATHS.filter((p) => existsSync(p));
+
+  // ---- host side: the two packages, the Gateway, the upstream -----------------------------
+  const debOf = (v: string): string => join(debs, `${PKG}_${v}_all.deb`);
+  for (const v of [V1, V2]) {
+    const built = await run(process.execPath, [BUILDER, '--version', v, '--out', debs], { env: { HOME: process.env.HOME ?? '/root' }, timeoutMs: BUILD_TIMEOUT_MS });
+    if (built.code !== 0 || !existsSync(debOf(v))) {
+      t.fail(`building ${v} failed (${built.timedOut ? 'timed out' : `exit ${built.code}`}):\n${built.stdout}${built.stderr}`);
+      return;
+    }
+    t.comment(built.stdout.trim().split('\n').at(-1) ?? '');
+  }
+  const listing = await run('dpkg-deb', ['-c', debOf(V1)]);
+  const units = [...listing.stdout.matchAll(/ \.\/usr\/lib\/systemd\/system\/(\S+)$/gm)].map((m) => m[1] ?? '');
+  t.same([...units].sort(), [TARGET, ...SERVICES].sort(), 'the package ships the target and the four services in /usr/lib/systemd/system');
+  for (const unit of units) symlinkSync(`/usr/lib/systemd/system/${unit}`, join(unitDir, unit));
+  // Depends: nodejs is the real package's; a node that no Debian package installed (some CI
+  // images) cannot satisfy it, so only then does this test tell dpkg to go on regardless.
+  const nodeFromDpkg = (await run('dpkg-query', ['-W', '-f', '${Status}', 'nodejs'])).stdout === 'install ok installed';
+  const dpkgI = `dpkg -i${nodeFromDpkg ? '' : ' --force-depends'}`;
+  if (!nodeFromDpkg) t.comment('nodejs is not a dpkg package here: installing with --force-depends (the test only; the package keeps Depends: nodejs)');
+
+  const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
+  const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`, `cli:${PROVIDER}`] });
+  t.teardown(() => gw.close());
+  const minted = recordMinted(gw);
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
+  t.teardown(() => upstream.close());
+
+  try {
+    lab = await Lab.boot({ unitDir, work, overlay: true, limitS: Math.ceil(BUDGET_MS / 1000) });
+  } catch (err) {
+    t.fail((err as Error).message);
+    return;
+  }
+  const l = lab;
+
+  const step = labSteps(t);
+  const states = async (): Promise<Record<string, string>> => {
+    const out: Record<string, string> = {};
+    for (const unit of SERVICES) out[unit] = (await l.show(unit, ['ActiveState'])).ActiveState ?? '';
+    return out;
+  };
+  const allInactive = Object.fromEntries(SERVICES.map((u) => [u, 'inactive']));
+  /** What every dpkg run printed (maintainer scripts included). */
+  const dpkgOutput: string[] = [];
+  const dpkg = async (args: string): Promise<string> => {
+    const out = await l.sh(`${args} 2>&1`, 120_000);
+    dpkgOutput.push(out);
+    return out;
+  };
+  const exists = async (path: string): Promise<boolean> => (await l.exec(`test -e '${path}' || test -L '${path}'`)).code === 0;
+  /** Checksums of the state an upgrade or a remove must keep. */
+  const keptState = async (): Promise<string> =>
+    l.sh(`cd / && sha256sum ${STATE}/mcp-forwarder/* ${STATE}/cli-proxy/* ${STATE}/handoff/slots/* ${SHIMS}/* ${ETC}/*`);
+
+  await step(`dpkg -i ${V1}: users, directories and units in place, nothing started or enabled`, async (tt) => {
+    const out = await dpkg(`${dpkgI} ${debOf(V1)}`);
+    tt.match(out, new RegExp(`Setting up ${PKG} \\(${V1}\\)`), 'dpkg configured the package');
+    tt.equal((await l.sh(`dpkg-query -W -f '\${Status} \${Version}' ${PKG}`)).trim(), `install ok installed ${V1}`, 'dpkg: installed');
+    tt.equal((await l.exec('getent passwd agent-connectors')).code, 0, 'postinst created the service user (systemd-sysusers)');
+    tt.equal((await l.exec('getent group agent-connectors-renew')).code, 0, 'and the hand-off group');
+    const modes = await l.sh(`stat -c '%n %a %U %G' ${STATE} ${STATE}/mcp-forwarder ${STATE}/handoff ${SHIMS} ${ETC}`);
+    tt.same(modes.trim().split('\n'), [
+      `${STATE} 750 agent-connectors agent-connectors-renew`,
+      `${STATE}/mcp-forwarder 700 agent-connectors agent-connectors`,
+      `${STATE}/handoff 2770 agent-connectors agent-connectors-renew`,
+      `${SHIMS} 755 agent-connectors agent-connectors`,
+      `${ETC} 750 root agent-connectors`,
+    ], 'postinst created the directories (systemd-tmpfiles --create)');
+    tt.equal((await l.exec(`ls -A ${ETC}`)).stdout, '', `the package puts no file in ${ETC}`);
+    tt.equal((await l.sh('agent-connectors --version')).trim(), V1, '/usr/bin/agent-connectors runs the packaged CLI, which reports the package version');
+    for (const unit of [TARGET, ...SERVICES]) tt.equal((await l.show(unit, ['LoadState'])).LoadState, 'loaded', `${unit}: loaded (postinst ran daemon-reload)`);
+    tt.same(await states(), allInactive, 'a first install starts nothing: the host has no credential yet');
+    tt.equal((await l.exec(`systemctl is-enabled ${TARGET}`)).stdout.trim(), 'disabled', 'and enables nothing');
+  });
+
+  await step("the operator's steps: a binding, a provider's shim, credential, Gateway URL, enable --now", async (tt) => {
+    tt.equal((await l.sh(`agent-connectors bind ${BINDING} --instance-id ${INSTANCE} --upstream ${upstream.url()}`)).trim(), BINDING, 'bind prints the binding id');
+    const catalog = JSON.stringify({
+      [PROVIDER]: {
+        upstream: 'http://127.0.0.1:9/api',
+        tokenFile: `${STATE}/cli-proxy/${PROVIDER}.token`,
+        inject: { type: 'header', name: 'authorization', value: 'Bearer {token}' },
+        commands: [{ name: COMMAND }],
+      },
+    });
+    await l.sh(`umask 077 && printf '%s\\n' '${catalog}' > ${STATE}/cli-proxy/providers.json && chown agent-connectors:agent-connectors ${STATE}/cli-proxy/providers.json`);
+    tt.match(await l.sh('agent-connectors shims install'), new RegExp(`shims in ${SHIMS}: ${COMMAND}`), `the shim is rendered into ${SHIMS}`);
+    // After bind: with a host credential in place, bind and unbind take the host for an enrolled one.
+    await l.sh(
+      `umask 077 && printf '%s\\n' '${credential}' > ${ETC}/host-credential && umask 022 && ` +
+        `printf 'AGENT_CONNECTORS_GATEWAY_URL=%s\\n' '${gw.url}' > ${ETC}/renew-fetch.env`,
+    );
+    await l.sh(`systemctl enable --now ${TARGET} 2>&1`);
+    for (const unit of SERVICES) {
+      const p = await l.waitShow(unit, ['ActiveState', 'SubState'], (s) => s.ActiveState === 'active' || s.ActiveState === 'failed');
+      tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit}: active (running)`);
+    }
+    tt.ok(await exists(ENABLE_LINK), `enabled: ${ENABLE_LINK}`);
+    // The first token: fetch renews the new slots at once, apply writes the token files.
+    await l.sh(`until [ -s ${STATE}/mcp-forwarder/${INSTANCE}.token ] && [ -s ${STATE}/cli-proxy/${PROVIDER}.token ]; do sleep 0.2; done`, 30_000);
+    tt.pass('renewal delivered both tokens');
+  });
+
+  const client = new Client({ name: 'deb-lab-agent', version: '0.0.0' });
+  // The stream must outlast a restart: reconnect for up to about a minute.
+  const transport = new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`), {
+    reconnectionOptions: { initialReconnectionDelay: 300, maxReconnectionDelay: 2000, reconnectionDelayGrowFactor: 1.5, maxRetries: 40 },
+  });
+  t.teardown(() => client.close().catch(() => undefined));
+  let sessionId: string | undefined;
+  const streamsOpened = (): number => upstream.seen.filter((s) => s.method === 'GET' && s.sessionId === sessionId && s.valid).length;
+  const waitStreams = async (n: number, timeoutMs: number): Promise<number> => {
+    const deadline = Date.now() + timeoutMs;
+    while (streamsOpened() < n && Date.now() < deadline) await sleep(100);
+    return streamsOpened();
+  };
+  const echo = async (text: string): Promise<string> => {
+    const r = await client.callTool({ name: 'echo', arguments: { text } });
+    return ((r.content ?? []) as Array<{ text?: string }>)[0]?.text ?? '';
+  };
+
+  await step('an MCP client lists the tools and holds its SSE stream open', async (tt) => {
+    await client.connect(transport);
+    sessionId = transport.sessionId;
+    tt.ok(sessionId, 'a session');
+    tt.same((await client.listTools()).tools.map((x) => x.name), ['echo'], 'tools/list through the packaged forwarder');
+    tt.equal(await waitStreams(1, 15_000), 1, 'the standalone GET stream reached the Gateway');
+  });
+
+  await step(`dpkg -i ${V2} while the stream is open: services restarted onto ${V2}, state and shims kept, the client reconnects`, async (tt) => {
+    const before: Record<string, string> = {};
+    for (const unit of SERVICES) before[unit] = (await l.show(unit, ['MainPID'])).MainPID ?? '';
+    const kept = await keptState();
+    const streams = streamsOpened();
+    const out = await dpkg(`${dpkgI} ${debOf(V2)}`);
+    tt.match(out, new RegExp(`Unpacking ${PKG} \\(${V2}\\) over \\(${V1}\\)`), 'dpkg upgraded');
+    tt.match(out, new RegExp(`Setting up ${PKG} \\(${V2}\\)`), 'and configured it');
+    for (const unit of SERVICES) {
+      const p = await l.waitShow(unit, ['ActiveState', 'SubState', 'MainPID'], (s) => s.ActiveState === 'active' && s.MainPID !== before[unit] && s.MainPID !== '0', 30_000);
+      tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit}: active (running), a new process (pid ${before[unit]} → ${p.MainPID})`);
+    }
+    const health = (await (await fetch(`http://127.0.0.1:${FORWARDER_PORT}/healthz`)).json()) as { version?: string; instances?: number };
+    tt.match(health, { version: V2, instances: 1 }, `the forwarder now runs ${V2}, with its binding`);
+    tt.equal(await keptState(), kept, `registry, catalog, tokens, slots, the shim and ${ETC} are unchanged`);
+    tt.ok(await exists(ENABLE_LINK), 'still enabled');
+    tt.ok((await waitStreams(streams + 1, 60_000)) > streams, `the client reopened its SSE stream in the same session (${streams} → ${streamsOpened()})`);
+    tt.equal(await echo('after the upgrade'), 'echo: after the upgrade', 'tools/call in the same session');
+    tt.same(upstream.seen.filter((s) => s.sessionId === sessionId && !s.valid).map((s) => s.problem), [], 'every upstream request carried a minted token');
+    await client.close();
+  });
+
+  await step('dpkg -r: services stopped, the files gone, state, configuration and users kept', async (tt) => {
+    const kept = await keptState();
+    const out = await dpkg(`dpkg -r ${PKG}`);
+    tt.match(out, new RegExp(`Removing ${PKG} \\(${V2}\\)`), 'dpkg removed it');
+    tt.equal((await l.sh(`dpkg-query -W -f '\${Status}' ${PKG}`)).trim(), 'deinstall ok config-files', 'dpkg: removed, not purged');
+    for (const unit of SERVICES) {
+      const p = await l.show(unit, ['ActiveState', 'LoadState']);
+      tt.same([p.ActiveState, p.LoadState], ['inactive', 'not-found'], `${unit}: stopped and unloaded`);
+    }
+    for (const path of ['/usr/lib/agent-connectors', '/usr/bin/agent-connectors', `/usr/lib/systemd/system/${TARGET}`, '/usr/lib/sysusers.d/agent-connectors.conf', '/usr/lib/tmpfiles.d/agent-connectors.conf']) {
+      tt.notOk(await exists(path), `${path} is gone`);
+    }
+    tt.equal(await keptState(), kept, 'state, shims and /etc/agent-connectors are kept');
+    tt.ok(await exists('/var/lib/private/agent-connectors-renew-fetch'), "renew fetch's private state is kept");
+    tt.equal((await l.exec('getent passwd agent-connectors')).code, 0, 'the service user is kept');
+    tt.ok(await exists(ENABLE_LINK), "the operator's enablement link is kept (dangling until a reinstall)");
+  });
+
+  await step('dpkg -P: nothing of ours is left', async (tt) => {
+    const out = await dpkg(`dpkg -P ${PKG}`);
+    tt.match(out, new RegExp(`Purging configuration files for ${PKG} \\(${V2}\\)`), 'dpkg purged it');
+    tt.not((await l.exec(`dpkg-query -W ${PKG}`)).code, 0, 'dpkg no longer knows the package');
+    const left = await l.sh("find /etc /usr /var /opt \\( -name '*agent-connectors*' -o -name '*agent_connectors*' \\) -print 2>/dev/null | sort");
+    tt.equal(left.trim(), '', 'no file or directory named after us under /etc, /usr, /var, /opt');
+    for (const name of ['agent-connectors']) tt.not((await l.exec(`getent passwd ${name}`)).code, 0, `user ${name} removed`);
+    for (const name of ['agent-connectors', 'agent-connectors-renew']) tt.not((await l.exec(`getent group ${name}`)).code, 0, `group ${name} removed`);
+    tt.same(await states(), Object.fromEntries(SERVICES.map((u) => [u, 'inactive'])), 'nothing of ours runs');
+  });
+
+  await step('no token and no credential in the journal, the console or dpkg\'s output', async (tt) => {
+    const all = (await l.sh('journalctl --no-pager -o cat')) + l.consoleLog() + dpkgOutput.join('\n');
+    tt.ok(minted.length >= 2, `${minted.length} tokens were minted`);
+    tt.same([credential, ...minted].filter((x) => all.includes(x)).map((x) => `${x.slice(0, 6)}…`), [], 'none appears');
+  });
+
+  await step('the host itself was never touched', async (tt) => {
+    tt.same(HOST_PATHS.filter((p) => existsSync(p)), hostBefore, `host: ${HOST_PATHS.join(', ')} as they were`);
+    tt.ok(statSync(join(work, 'overlay/usr/upper')).isDirectory(), "the lab's changes went to its overlay");
+  });
+});
