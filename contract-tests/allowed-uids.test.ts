@@ -19,7 +19,7 @@ import { assertJsonError, parseResponse, RawConnection, type Resp } from './help
  */
 
 const NOBODY_UID = 65534;
-const REFUSED_MSG = 'connection from a UID not in allowedUids';
+const REFUSED_MSG = 'connection from a UID not allowed (agent users, --allowed-uids)';
 const BINDING = 'bind_allowed_uids_01';
 const isRoot = process.getuid?.() === 0;
 

@@ -2,7 +2,8 @@ import { mkdir } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import { peerUid } from './peer-uid.js';
+import { PeerAccess } from './peer-access.js';
+import { choosePeerUidLookup } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
 import type { Service, ServiceContext } from '../service/service.js';
@@ -26,8 +27,13 @@ export interface LoopbackServiceSpec<T> {
   config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
   handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
   onListening?: (port: number) => void;
-  /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
+  /** Only these local UIDs may connect (the peer's UID is looked up once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
+  /**
+   * The agent-users file: its users may connect, and so may root and the service's own
+   * user; a missing or empty file leaves only those two (fail closed).
+   */
+  agentUsersFile?: string | undefined;
 }
 
 /**
@@ -81,20 +87,32 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   let stopping = false;
   let port = spec.listen.port;
   const allowed = new WeakMap<Socket, Promise<boolean>>();
-  const peerAllowed = spec.allowedUids
-    ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
-    : undefined;
+  const checked = spec.allowedUids !== undefined || spec.agentUsersFile !== undefined;
+  const peerAllowed = checked ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false) : undefined;
   const server = createLoopbackServer(
     spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
   );
-  if (spec.allowedUids) {
-    const uids = spec.allowedUids;
+  let access: PeerAccess | undefined;
+  if (checked) {
+    const own = process.getuid?.();
+    access = new PeerAccess({
+      always: spec.agentUsersFile !== undefined ? new Set([0, ...(own === undefined ? [] : [own])]) : new Set(),
+      fixed: spec.allowedUids,
+      file: spec.agentUsersFile,
+      log,
+    });
+    const peers = access;
+    r.cleanups.push(() => peers.close());
+    await peers.start();
+    const { lookup, method, reason } = await choosePeerUidLookup();
+    if (reason) log.warn({ method, reason }, 'peer check: ss (sock_diag) unusable; reading /proc/net/tcp instead, whose cost grows with the host\'s socket count');
+    else log.info({ method }, 'peer check ready');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
-      const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
-        const ok = uid !== undefined && uids.has(uid);
+      const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
+        const ok = uid !== undefined && peers.allows(uid);
         // A client already gone has no entry left to find; nothing to refuse or report.
-        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
         return ok;
       });
       allowed.set(socket, decision);
@@ -116,6 +134,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
       void (async () => {
         await notifier.reloading();
         await config.reload();
+        await access?.reload();
         await notifier.ready(statusLine(spec, config));
       })();
     }),

@@ -1,5 +1,6 @@
+import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { isIPv4 } from 'node:net';
+import { connect, createServer, isIPv4, type AddressInfo } from 'node:net';
 
 /** `/proc/net/tcp` encodes an IPv4 address as its bytes read as a little-endian u32. */
 function hexV4(address: string): string {
@@ -48,7 +49,8 @@ function candidates(remote: string, remotePort: number, local: string, localPort
 }
 
 /**
- * The UID owning the other end of a loopback TCP connection: the kernel lists the
+ * The UID owning the other end of a loopback TCP connection, by reading the whole socket
+ * table: the fallback when `ss` is not usable. The kernel lists the
  * client's socket in /proc/net/tcp{,6} with our endpoint as its remote address and its
  * owner in the uid column. No shared secret is involved, so there is nothing for an agent
  * to leak. Undefined when the entry is gone (client already closed) or unreadable.
@@ -72,4 +74,78 @@ export async function peerUid(remoteAddress: string, remotePort: number, localAd
     }
   }
   return undefined;
+}
+
+/** An address as `ss` filters take it; a mapped v4 address as plain v4 (the kernel's filter also matches v4-mapped sockets with it). */
+function ssEndpoint(address: string, port: number): string {
+  const v4 = isIPv4(address) ? address : /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1];
+  return v4 ? `${v4}:${port}` : `[${address}]:${port}`;
+}
+
+/** Bounds what one lookup may cost or return: a filter on a 4-tuple matches one socket. */
+const SS_TIMEOUT_MS = 5_000;
+const SS_MAX_OUTPUT = 64 * 1024;
+
+/**
+ * The same answer from the kernel's sock_diag interface, through `ss` (iproute2): the
+ * 4-tuple filter is compiled to inet_diag bytecode that runs in the kernel, so only the
+ * client's socket is formatted and copied out, whatever the host's socket count (see
+ * docs/access.md for the figures). Node cannot open AF_NETLINK itself, hence the child.
+ *
+ * `ss -e` prints `uid:N` only for a non-zero owner, so a matched line without it is root;
+ * `ino:` (always printed with -e) proves the details were printed at all. Undefined when
+ * no socket matched, or ss failed (both refuse the connection).
+ */
+export function peerUidBySs(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, ss = 'ss'): Promise<number | undefined> {
+  const args = ['-tnHe', 'state', 'connected', 'src', ssEndpoint(remoteAddress, remotePort), 'dst', ssEndpoint(localAddress, localPort)];
+  return new Promise((resolve) => {
+    execFile(ss, args, { env: {}, timeout: SS_TIMEOUT_MS, maxBuffer: SS_MAX_OUTPUT, encoding: 'latin1' }, (err, stdout) => {
+      if (err) {
+        resolve(undefined);
+        return;
+      }
+      const line = stdout.split('\n').find((l) => / ino:\d+/.test(l));
+      if (!line) {
+        resolve(undefined);
+        return;
+      }
+      const uid = / uid:(\d+)/.exec(line)?.[1];
+      resolve(uid === undefined ? 0 : Number(uid));
+    });
+  });
+}
+
+export type PeerUidLookup = (remoteAddress: string, remotePort: number, localAddress: string, localPort: number) => Promise<number | undefined>;
+
+/**
+ * Picks the lookup once, at start: `ss` if it answers for a connection of our own with our
+ * own UID (which also catches an ss that prints no owner at all, were it to read as root),
+ * else the /proc/net/tcp reader. `reason` says why ss was not chosen.
+ */
+export async function choosePeerUidLookup(ss = 'ss'): Promise<{ lookup: PeerUidLookup; method: 'sock_diag' | 'procfs'; reason?: string }> {
+  const server = createServer((s) => s.on('error', () => undefined));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(0, '127.0.0.1', resolve);
+    });
+    const port = (server.address() as AddressInfo).port;
+    const client = connect(port, '127.0.0.1');
+    try {
+      await new Promise<void>((resolve, reject) => {
+        client.once('connect', resolve);
+        client.once('error', reject);
+      });
+      const uid = await peerUidBySs('127.0.0.1', client.localPort ?? 0, '127.0.0.1', port, ss);
+      const own = process.getuid?.();
+      if (uid !== undefined && uid === own) return { lookup: (...a) => peerUidBySs(...a, ss), method: 'sock_diag' };
+      return { lookup: (...a) => peerUid(...a), method: 'procfs', reason: uid === undefined ? `${ss} did not answer` : `${ss} reported uid ${uid}, not ours (${own ?? '?'})` };
+    } finally {
+      client.destroy();
+    }
+  } catch (err) {
+    return { lookup: (...a) => peerUid(...a), method: 'procfs', reason: err instanceof Error ? err.message : String(err) };
+  } finally {
+    server.close();
+  }
 }
