@@ -104,9 +104,10 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     const peers = access;
     r.cleanups.push(() => peers.close());
     await peers.start();
-    const { lookup, method, reason } = await choosePeerUidLookup();
-    if (reason) log.warn({ method, reason }, 'peer check: ss (sock_diag) unusable; reading /proc/net/tcp instead, whose cost grows with the host\'s socket count');
-    else log.info({ method }, 'peer check ready');
+    const { lookup, method, skipped, close } = await choosePeerUidLookup();
+    r.cleanups.push(close);
+    if (method === 'sock_diag') log.info({ method }, 'peer check ready');
+    else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
       const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {

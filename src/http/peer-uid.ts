@@ -1,6 +1,7 @@
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { connect, createServer, isIPv4, type AddressInfo } from 'node:net';
+import { SockDiagHelper } from './sock-diag-helper.js';
 
 /** `/proc/net/tcp` encodes an IPv4 address as its bytes read as a little-endian u32. */
 function hexV4(address: string): string {
@@ -117,12 +118,10 @@ export function peerUidBySs(remoteAddress: string, remotePort: number, localAddr
 
 export type PeerUidLookup = (remoteAddress: string, remotePort: number, localAddress: string, localPort: number) => Promise<number | undefined>;
 
-/**
- * Picks the lookup once, at start: `ss` if it answers for a connection of our own with our
- * own UID (which also catches an ss that prints no owner at all, were it to read as root),
- * else the /proc/net/tcp reader. `reason` says why ss was not chosen.
- */
-export async function choosePeerUidLookup(ss = 'ss'): Promise<{ lookup: PeerUidLookup; method: 'sock_diag' | 'procfs'; reason?: string }> {
+export type PeerUidMethod = 'sock_diag' | 'ss' | 'procfs';
+
+/** Answers `lookup` for a loopback connection of our own: our UID, or why not. */
+async function selfCheck(lookup: PeerUidLookup): Promise<string | undefined> {
   const server = createServer((s) => s.on('error', () => undefined));
   try {
     await new Promise<void>((resolve, reject) => {
@@ -136,16 +135,42 @@ export async function choosePeerUidLookup(ss = 'ss'): Promise<{ lookup: PeerUidL
         client.once('connect', resolve);
         client.once('error', reject);
       });
-      const uid = await peerUidBySs('127.0.0.1', client.localPort ?? 0, '127.0.0.1', port, ss);
+      const uid = await lookup('127.0.0.1', client.localPort ?? 0, '127.0.0.1', port);
       const own = process.getuid?.();
-      if (uid !== undefined && uid === own) return { lookup: (...a) => peerUidBySs(...a, ss), method: 'sock_diag' };
-      return { lookup: (...a) => peerUid(...a), method: 'procfs', reason: uid === undefined ? `${ss} did not answer` : `${ss} reported uid ${uid}, not ours (${own ?? '?'})` };
+      if (uid !== undefined && uid === own) return undefined;
+      return uid === undefined ? 'no answer' : `reported uid ${uid}, not ours (${own ?? '?'})`;
     } finally {
       client.destroy();
     }
   } catch (err) {
-    return { lookup: (...a) => peerUid(...a), method: 'procfs', reason: err instanceof Error ? err.message : String(err) };
+    return err instanceof Error ? err.message : String(err);
   } finally {
     server.close();
   }
+}
+
+/**
+ * Picks the lookup once, at start, in order of cost: the sock_diag helper (constant cost),
+ * `ss` per connection, then the /proc/net/tcp reader. A method is taken only if it answers
+ * for a connection of our own with our own UID (which also catches one that reads every
+ * owner as root). `skipped` says why the cheaper ones were not taken.
+ */
+export async function choosePeerUidLookup(opts: { perl?: string; ss?: string } = {}): Promise<{
+  lookup: PeerUidLookup;
+  method: PeerUidMethod;
+  skipped: Partial<Record<PeerUidMethod, string>>;
+  close: () => void;
+}> {
+  const skipped: Partial<Record<PeerUidMethod, string>> = {};
+  const helper = new SockDiagHelper(opts.perl);
+  const viaHelper: PeerUidLookup = (...a) => helper.lookup(...a);
+  const helperWhy = await selfCheck(viaHelper);
+  if (helperWhy === undefined) return { lookup: viaHelper, method: 'sock_diag', skipped, close: () => helper.close() };
+  helper.close();
+  skipped.sock_diag = `perl sock_diag helper: ${helperWhy}`;
+  const viaSs: PeerUidLookup = (...a) => peerUidBySs(...a, opts.ss);
+  const ssWhy = await selfCheck(viaSs);
+  if (ssWhy === undefined) return { lookup: viaSs, method: 'ss', skipped, close: () => undefined };
+  skipped.ss = `ss: ${ssWhy}`;
+  return { lookup: (...a) => peerUid(...a), method: 'procfs', skipped, close: () => undefined };
 }
