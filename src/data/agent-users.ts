@@ -42,7 +42,7 @@ export function renderAgentUsers(existing: string | undefined, add: readonly str
   const header =
     '# Local users whose agents may call the agent-connectors proxies (127.0.0.1:14323, :14324).\n' +
     '# One user name or numeric UID per line. root and the service user are always allowed.\n' +
-    '# After editing: the proxies reload it on their own (or: systemctl reload agent-connectors.target).\n';
+    '# After editing: the proxies re-read it on their own (systemctl reload agent-connectors-forwarder\n# agent-connectors-cli-proxy also does).\n';
   const base = existing ?? header;
   const present = new Set(base.split('\n').map((l) => l.replace(/#.*/, '').trim()).filter(Boolean));
   const missing = add.filter((u) => !present.has(u));

@@ -13,6 +13,9 @@ import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
 
+/** The link's unit runs as a DynamicUser named after the unit (units/agent-connectors-renew-fetch.service). */
+const LINK_DYNAMIC_USER = 'agent-connectors-renew-fetch';
+
 export interface LoopbackServiceSpec<T> {
   /** Service name; also the log message prefix (`<name> listening`). */
   name: string;
@@ -97,6 +100,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     const own = process.getuid?.();
     access = new PeerAccess({
       always: spec.agentUsersFile !== undefined ? new Set([0, ...(own === undefined ? [] : [own])]) : new Set(),
+      alwaysDynamic: spec.agentUsersFile !== undefined ? [LINK_DYNAMIC_USER] : [],
       fixed: spec.allowedUids,
       file: spec.agentUsersFile,
       log,
@@ -110,8 +114,8 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
-      const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
-        const ok = uid !== undefined && peers.allows(uid);
+      const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then(async (uid) => {
+        const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
         if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
         return ok;

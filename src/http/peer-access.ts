@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { HotFile } from '../config/hot-file.js';
 import { parseAgentUsers, type AgentUserEntry } from '../data/agent-users.js';
@@ -31,9 +32,30 @@ export function resolveAgentUsers(entries: readonly AgentUserEntry[], passwd?: s
   return { ok: true, value: uids };
 }
 
+/** systemd's range for DynamicUser= UIDs (systemd's UIDS-GIDS.md): assigned at each start, found only through NSS. */
+const DYNAMIC_UID_MIN = 61184;
+const DYNAMIC_UID_MAX = 65519;
+
+/** The user name of a UID through NSS (nss-systemd knows dynamic users); undefined if none. */
+export function nssUserName(uid: number): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    execFile('getent', ['passwd', String(uid)], { env: {}, timeout: 2_000, maxBuffer: 4096 }, (err, stdout) => {
+      resolve(err ? undefined : stdout.split(':')[0] || undefined);
+    });
+  });
+}
+
 export interface PeerAccessOptions {
   /** UIDs always served, whatever the file says (root, the service's own user). */
   always: ReadonlySet<number>;
+  /**
+   * DynamicUser= names always served (the link, which reads both proxies' /healthz for
+   * its presence report). Their UIDs change between starts, so a refused UID in systemd's
+   * dynamic range is looked up by name: a cost paid only on that refusal path.
+   */
+  alwaysDynamic?: readonly string[];
+  /** UID → name through NSS (a parameter for tests). */
+  userName?: (uid: number) => Promise<string | undefined>;
   /** Fixed extra UIDs (`--allowed-uids`). */
   fixed?: ReadonlySet<number> | undefined;
   /** The agent-users file, watched and re-read on reload. */
@@ -89,7 +111,11 @@ export class PeerAccess {
     await this.file?.close();
   }
 
-  allows(uid: number): boolean {
-    return this.options.always.has(uid) || (this.options.fixed?.has(uid) ?? false) || (this.file?.current.value.includes(uid) ?? false);
+  async allows(uid: number): Promise<boolean> {
+    if (this.options.always.has(uid) || (this.options.fixed?.has(uid) ?? false) || (this.file?.current.value.includes(uid) ?? false)) return true;
+    const dynamic = this.options.alwaysDynamic ?? [];
+    if (dynamic.length === 0 || uid < DYNAMIC_UID_MIN || uid > DYNAMIC_UID_MAX) return false;
+    const name = await (this.options.userName ?? nssUserName)(uid);
+    return name !== undefined && dynamic.includes(name);
   }
 }
