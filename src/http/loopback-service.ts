@@ -33,8 +33,8 @@ export interface LoopbackServiceSpec<T> {
   /** Only these local UIDs may connect (the peer's UID is looked up once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
   /**
-   * The agent-users file: its users may connect, and so may root and the service's own
-   * user; a missing or empty file leaves only those two (fail closed).
+   * The agent-users file: its users may connect, and so may root, the service's own user
+   * and the link's DynamicUser; a missing or empty file leaves only those (fail closed).
    */
   agentUsersFile?: string | undefined;
 }
