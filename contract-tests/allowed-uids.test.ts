@@ -13,7 +13,7 @@ import { assertJsonError, parseResponse, RawConnection, type Resp } from './help
 
 /*
  * SPEC / issue 5 item 3: with `--allowed-uids`, the peer UID of each accepted loopback
- * connection is read from /proc/net/tcp{,6} once per connection; any other UID gets 403
+ * connection is asked of the kernel once per connection (docs/access.md); any other UID gets 403
  * `forbidden_peer` before any routing (the upstream is never called). We run as root (uid
  * 0); the other local user is `nobody` (65534), reached with setpriv.
  */
