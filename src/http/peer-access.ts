@@ -90,7 +90,7 @@ export class PeerAccess {
         } else if (state.value.length === 0) {
           options.log.error(
             { agentUsers: 0, missing: change.missing },
-            `no agent users configured: only root and the service user are served. To fix, ${fix}`,
+            `no agent users configured: only root, the service user and the link are served. To fix, ${fix}`,
           );
         } else {
           options.log.info({ agentUsers: state.value.length, uids: state.value, generation: state.generation }, 'agent users loaded');
