@@ -8,6 +8,7 @@ import { runBench } from './full.js';
 import { runProfile } from './profile.js';
 import { runSmoke } from './smoke.js';
 import { runRotation } from './rotation.js';
+import { runPeerCheck } from './peer-check.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -15,6 +16,7 @@ async function main(): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return 0;
   }
+  if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {
     opts = parseArgs(argv);

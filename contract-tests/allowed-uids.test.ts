@@ -13,13 +13,13 @@ import { assertJsonError, parseResponse, RawConnection, type Resp } from './help
 
 /*
  * SPEC / issue 5 item 3: with `--allowed-uids`, the peer UID of each accepted loopback
- * connection is read from /proc/net/tcp{,6} once per connection; any other UID gets 403
+ * connection is asked of the kernel once per connection (docs/access.md); any other UID gets 403
  * `forbidden_peer` before any routing (the upstream is never called). We run as root (uid
  * 0); the other local user is `nobody` (65534), reached with setpriv.
  */
 
 const NOBODY_UID = 65534;
-const REFUSED_MSG = 'connection from a UID not in allowedUids';
+const REFUSED_MSG = 'connection from a UID not allowed (agent users, --allowed-uids)';
 const BINDING = 'bind_allowed_uids_01';
 const isRoot = process.getuid?.() === 0;
 

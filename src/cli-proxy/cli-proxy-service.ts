@@ -13,6 +13,8 @@ export interface CliProxyConfig {
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
   allowedUids?: ReadonlySet<number> | undefined;
+  /** Only its users (and root, the service user) may connect; see PeerAccess. */
+  agentUsersFile?: string | undefined;
   /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
   tokenWaitMs?: number;
 }
@@ -30,5 +32,6 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
       createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
+    agentUsersFile: config.agentUsersFile,
   });
 }

@@ -17,15 +17,27 @@ export function registerInstallCommands(program: Command): void {
     .option('--node <path>', 'node binary the units run', process.execPath)
     .option('--dry-run', 'print what would be done, change nothing')
     .option('--no-activate', 'do not run systemd-sysusers, systemd-tmpfiles and daemon-reload')
-    .action(async (opts: { prefix: string; root: string; node: string; dryRun?: boolean; activate: boolean }) => {
+    .option('--agent-user <name>', 'a user whose agents may call the proxies (repeatable; added to /etc/agent-connectors/agent-users)', (v: string, acc: string[]) => [...acc, v], [] as string[])
+    .action(async (opts: { prefix: string; root: string; node: string; dryRun?: boolean; activate: boolean; agentUser: string[] }) => {
       const dryRun = Boolean(opts.dryRun);
-      const actions = await install({ prefix: resolve(opts.prefix), root: resolve(opts.root), node: resolve(opts.node), dryRun, activate: opts.activate });
+      const actions = await install({
+        prefix: resolve(opts.prefix),
+        root: resolve(opts.root),
+        node: resolve(opts.node),
+        dryRun,
+        activate: opts.activate,
+        agentUsers: opts.agentUser,
+      });
       report(actions, dryRun);
       if (!dryRun) {
         process.stdout.write(
           '\nNext: put the host credential in /etc/agent-connectors/host-credential (0600 root),\n' +
             'the Gateway URL in /etc/agent-connectors/renew-fetch.env (AGENT_CONNECTORS_GATEWAY_URL=https://…),\n' +
-            'then: systemctl enable --now agent-connectors.target\n',
+            'then: systemctl enable --now agent-connectors.target\n' +
+            (opts.agentUser.length === 0
+              ? 'Only the users named in /etc/agent-connectors/agent-users may call the proxies: add yours with\n' +
+                '  install --agent-user NAME (or edit the file; the proxies pick it up at once).\n'
+              : ''),
         );
       }
     });

@@ -1,4 +1,3 @@
-import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
 import { z } from 'zod';
@@ -9,6 +8,7 @@ import { defaultUpstreamOptions, type UpstreamOptions } from '../http/upstream-a
 import { DEFAULT_TOKEN_WAIT_MS } from '../token/token-wait.js';
 import { parseListen, type ListenAddress } from '../http/loopback.js';
 import { createLogger, LOG_LEVELS, type Logger } from '../log/logger.js';
+import { passwdUids } from '../http/peer-access.js';
 
 /** zod at the CLI boundary: every option value is validated and typed here. */
 export const positiveInt = z.coerce.number().int().positive();
@@ -51,19 +51,14 @@ export function parseOption<T>(schema: z.ZodType<T>, value: unknown, flag: strin
  */
 export function parseAllowedUids(value: string | undefined, passwd = '/etc/passwd'): Set<number> | undefined {
   if (value === undefined || value.trim() === '') return undefined;
-  const users = new Map<string, number>();
+  let users: Map<string, number> | undefined;
   const uids = new Set<number>();
   for (const item of value.split(',').map((s) => s.trim()).filter(Boolean)) {
     if (/^\d+$/.test(item)) {
       uids.add(Number(item));
       continue;
     }
-    if (users.size === 0) {
-      for (const line of readFileSync(passwd, 'utf8').split('\n')) {
-        const [name, , uid] = line.split(':');
-        if (name && uid && /^\d+$/.test(uid)) users.set(name, Number(uid));
-      }
-    }
+    users ??= passwdUids(passwd);
     const uid = users.get(item);
     if (uid === undefined) throw new ConfigError(`--allowed-uids: no such user "${item}"`);
     uids.add(uid);
@@ -88,6 +83,7 @@ export function addServerOptions(cmd: Command, defaults: { listen: string; bodyL
     .option('--body-limit-bytes <n>', 'largest request body accepted', String(defaults.bodyLimit))
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
     .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
+    .option('--agent-users-file <file>', 'only the users named in this file (one name or UID per line; watched), root and the service user may connect')
     .option('--token-wait-ms <n>', 'after an upstream 401, how long to wait for a renewed token before answering 503 token_rejected (0: do not wait)', String(DEFAULT_TOKEN_WAIT_MS))
     .addOption(logLevelOption());
 }
@@ -98,6 +94,7 @@ export interface ServerOptions {
   upstream: UpstreamOptions;
   shutdownGraceMs: number;
   allowedUids: Set<number> | undefined;
+  agentUsersFile: string | undefined;
   tokenWaitMs: number;
 }
 
@@ -109,6 +106,7 @@ export function serverOptions(opts: Record<string, unknown>): ServerOptions {
     upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
     shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
     allowedUids: parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined),
+    agentUsersFile: typeof opts.agentUsersFile === 'string' ? resolve(opts.agentUsersFile) : undefined,
     tokenWaitMs: parseOption(nonNegativeInt, opts.tokenWaitMs, '--token-wait-ms'),
   };
 }

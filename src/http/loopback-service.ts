@@ -2,7 +2,8 @@ import { mkdir } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import { peerUid } from './peer-uid.js';
+import { PeerAccess } from './peer-access.js';
+import { choosePeerUidLookup } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
 import type { Service, ServiceContext } from '../service/service.js';
@@ -11,6 +12,9 @@ import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
+
+/** The link's unit runs as a DynamicUser named after the unit (units/agent-connectors-renew-fetch.service). */
+const LINK_DYNAMIC_USER = 'agent-connectors-renew-fetch';
 
 export interface LoopbackServiceSpec<T> {
   /** Service name; also the log message prefix (`<name> listening`). */
@@ -26,8 +30,13 @@ export interface LoopbackServiceSpec<T> {
   config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
   handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
   onListening?: (port: number) => void;
-  /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
+  /** Only these local UIDs may connect (the peer's UID is looked up once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
+  /**
+   * The agent-users file: its users may connect, and so may root, the service's own user
+   * and the link's DynamicUser; a missing or empty file leaves only those (fail closed).
+   */
+  agentUsersFile?: string | undefined;
 }
 
 /**
@@ -81,20 +90,34 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   let stopping = false;
   let port = spec.listen.port;
   const allowed = new WeakMap<Socket, Promise<boolean>>();
-  const peerAllowed = spec.allowedUids
-    ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
-    : undefined;
+  const checked = spec.allowedUids !== undefined || spec.agentUsersFile !== undefined;
+  const peerAllowed = checked ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false) : undefined;
   const server = createLoopbackServer(
     spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
   );
-  if (spec.allowedUids) {
-    const uids = spec.allowedUids;
+  let access: PeerAccess | undefined;
+  if (checked) {
+    const own = process.getuid?.();
+    access = new PeerAccess({
+      always: spec.agentUsersFile !== undefined ? new Set([0, ...(own === undefined ? [] : [own])]) : new Set(),
+      alwaysDynamic: spec.agentUsersFile !== undefined ? [LINK_DYNAMIC_USER] : [],
+      fixed: spec.allowedUids,
+      file: spec.agentUsersFile,
+      log,
+    });
+    const peers = access;
+    r.cleanups.push(() => peers.close());
+    await peers.start();
+    const { lookup, method, skipped, close } = await choosePeerUidLookup();
+    r.cleanups.push(close);
+    if (method === 'sock_diag') log.info({ method }, 'peer check ready');
+    else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
-      const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
-        const ok = uid !== undefined && uids.has(uid);
+      const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then(async (uid) => {
+        const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
-        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
+        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
         return ok;
       });
       allowed.set(socket, decision);
@@ -116,6 +139,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
       void (async () => {
         await notifier.reloading();
         await config.reload();
+        await access?.reload();
         await notifier.ready(statusLine(spec, config));
       })();
     }),

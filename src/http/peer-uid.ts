@@ -1,5 +1,7 @@
+import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { isIPv4 } from 'node:net';
+import { connect, createServer, isIPv4, type AddressInfo } from 'node:net';
+import { SockDiagHelper } from './sock-diag-helper.js';
 
 /** `/proc/net/tcp` encodes an IPv4 address as its bytes read as a little-endian u32. */
 function hexV4(address: string): string {
@@ -48,7 +50,8 @@ function candidates(remote: string, remotePort: number, local: string, localPort
 }
 
 /**
- * The UID owning the other end of a loopback TCP connection: the kernel lists the
+ * The UID owning the other end of a loopback TCP connection, by reading the whole socket
+ * table: the fallback when `ss` is not usable. The kernel lists the
  * client's socket in /proc/net/tcp{,6} with our endpoint as its remote address and its
  * owner in the uid column. No shared secret is involved, so there is nothing for an agent
  * to leak. Undefined when the entry is gone (client already closed) or unreadable.
@@ -72,4 +75,102 @@ export async function peerUid(remoteAddress: string, remotePort: number, localAd
     }
   }
   return undefined;
+}
+
+/** An address as `ss` filters take it; a mapped v4 address as plain v4 (the kernel's filter also matches v4-mapped sockets with it). */
+function ssEndpoint(address: string, port: number): string {
+  const v4 = isIPv4(address) ? address : /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1];
+  return v4 ? `${v4}:${port}` : `[${address}]:${port}`;
+}
+
+/** Bounds what one lookup may cost or return: a filter on a 4-tuple matches one socket. */
+const SS_TIMEOUT_MS = 5_000;
+const SS_MAX_OUTPUT = 64 * 1024;
+
+/**
+ * The same answer from the kernel's sock_diag interface, through `ss` (iproute2): the
+ * 4-tuple filter is compiled to inet_diag bytecode that runs in the kernel, so only the
+ * client's socket is formatted and copied out, whatever the host's socket count (see
+ * docs/access.md for the figures). Node cannot open AF_NETLINK itself, hence the child.
+ *
+ * `ss -e` prints `uid:N` only for a non-zero owner, so a matched line without it is root;
+ * `ino:` (always printed with -e) proves the details were printed at all. Undefined when
+ * no socket matched, or ss failed (both refuse the connection).
+ */
+export function peerUidBySs(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, ss = 'ss'): Promise<number | undefined> {
+  const args = ['-tnHe', 'state', 'connected', 'src', ssEndpoint(remoteAddress, remotePort), 'dst', ssEndpoint(localAddress, localPort)];
+  return new Promise((resolve) => {
+    execFile(ss, args, { env: {}, timeout: SS_TIMEOUT_MS, maxBuffer: SS_MAX_OUTPUT, encoding: 'latin1' }, (err, stdout) => {
+      if (err) {
+        resolve(undefined);
+        return;
+      }
+      const line = stdout.split('\n').find((l) => / ino:\d+/.test(l));
+      if (!line) {
+        resolve(undefined);
+        return;
+      }
+      const uid = / uid:(\d+)/.exec(line)?.[1];
+      resolve(uid === undefined ? 0 : Number(uid));
+    });
+  });
+}
+
+export type PeerUidLookup = (remoteAddress: string, remotePort: number, localAddress: string, localPort: number) => Promise<number | undefined>;
+
+export type PeerUidMethod = 'sock_diag' | 'ss' | 'procfs';
+
+/** Answers `lookup` for a loopback connection of our own: our UID, or why not. */
+async function selfCheck(lookup: PeerUidLookup): Promise<string | undefined> {
+  const server = createServer((s) => s.on('error', () => undefined));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(0, '127.0.0.1', resolve);
+    });
+    const port = (server.address() as AddressInfo).port;
+    const client = connect(port, '127.0.0.1');
+    try {
+      await new Promise<void>((resolve, reject) => {
+        client.once('connect', resolve);
+        client.once('error', reject);
+      });
+      const uid = await lookup('127.0.0.1', client.localPort ?? 0, '127.0.0.1', port);
+      const own = process.getuid?.();
+      if (uid !== undefined && uid === own) return undefined;
+      return uid === undefined ? 'no answer' : `reported uid ${uid}, not ours (${own ?? '?'})`;
+    } finally {
+      client.destroy();
+    }
+  } catch (err) {
+    return err instanceof Error ? err.message : String(err);
+  } finally {
+    server.close();
+  }
+}
+
+/**
+ * Picks the lookup once, at start, in order of cost: the sock_diag helper (constant cost),
+ * `ss` per connection, then the /proc/net/tcp reader. A method is taken only if it answers
+ * for a connection of our own with our own UID (which also catches one that reads every
+ * owner as root). `skipped` says why the cheaper ones were not taken.
+ */
+export async function choosePeerUidLookup(opts: { perl?: string; ss?: string } = {}): Promise<{
+  lookup: PeerUidLookup;
+  method: PeerUidMethod;
+  skipped: Partial<Record<PeerUidMethod, string>>;
+  close: () => void;
+}> {
+  const skipped: Partial<Record<PeerUidMethod, string>> = {};
+  const helper = new SockDiagHelper(opts.perl);
+  const viaHelper: PeerUidLookup = (...a) => helper.lookup(...a);
+  const helperWhy = await selfCheck(viaHelper);
+  if (helperWhy === undefined) return { lookup: viaHelper, method: 'sock_diag', skipped, close: () => helper.close() };
+  helper.close();
+  skipped.sock_diag = `perl sock_diag helper: ${helperWhy}`;
+  const viaSs: PeerUidLookup = (...a) => peerUidBySs(...a, opts.ss);
+  const ssWhy = await selfCheck(viaSs);
+  if (ssWhy === undefined) return { lookup: viaSs, method: 'ss', skipped, close: () => undefined };
+  skipped.ss = `ss: ${ssWhy}`;
+  return { lookup: (...a) => peerUid(...a), method: 'procfs', skipped, close: () => undefined };
 }

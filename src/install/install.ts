@@ -2,7 +2,9 @@ import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from '
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
+import { AGENT_USERS_FILE, agentUserEntry, renderAgentUsers } from '../data/agent-users.js';
 import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
+import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 
 /** Where the running package lives (the directory holding package.json and dist/). */
@@ -24,6 +26,8 @@ export interface InstallOptions {
   from?: string;
   /** A node_modules copied instead of the package tree's own (the .deb ships production dependencies only). */
   nodeModules?: string;
+  /** `--agent-user`: names or UIDs added to the agent-users file (kept: an upgrade never drops one). */
+  agentUsers?: readonly string[];
 }
 
 export interface Layout {
@@ -134,12 +138,39 @@ export async function install(options: InstallOptions): Promise<Action[]> {
       await atomicWrite(at(dest), text, { mode: 0o644 });
     });
   }
+  await writeAgentUsers(options, at, act);
   if (options.activate && options.root === '/') {
     await act('create users and groups', 'systemd-sysusers', async () => void (await execa('systemd-sysusers', [l.sysusers])));
     await act('create state directories', 'systemd-tmpfiles --create', async () => void (await execa('systemd-tmpfiles', ['--create', l.tmpfiles])));
     await act('reload systemd', 'systemctl daemon-reload', async () => void (await execa('systemctl', ['daemon-reload']).catch(() => undefined)));
   }
   return actions;
+}
+
+/**
+ * The agent-users file the proxies' units name: created (with a header saying what it
+ * is) when missing, so the operator finds it; `--agent-user` entries are appended unless
+ * present. The operator's own lines and comments are never rewritten.
+ */
+async function writeAgentUsers(
+  options: InstallOptions,
+  at: (p: string) => string,
+  act: (what: string, path: string, fn: () => Promise<void>) => Promise<void>,
+): Promise<void> {
+  const add = options.agentUsers ?? [];
+  for (const u of add) {
+    if (!agentUserEntry.safeParse(u).success) throw new ConfigError(`--agent-user: "${u}" is not a user name or numeric UID`);
+  }
+  const existing = await readFile(at(AGENT_USERS_FILE), 'utf8').catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return undefined;
+    throw err;
+  });
+  const text = renderAgentUsers(existing, add);
+  if (text === existing) return;
+  await act(existing === undefined ? 'write agent users' : 'add agent users', AGENT_USERS_FILE, async () => {
+    await mkdir(dirname(at(AGENT_USERS_FILE)), { recursive: true, mode: 0o755 });
+    await atomicWrite(at(AGENT_USERS_FILE), text, { mode: 0o644 });
+  });
 }
 
 export interface UninstallOptions {
@@ -166,6 +197,7 @@ export async function uninstall(options: UninstallOptions): Promise<Action[]> {
   await remove('remove CLI link', l.binLink);
   if (resolve(at(l.libDir)) !== PACKAGE_ROOT) await remove('remove package', l.libDir);
   if (options.purge) {
+    await remove('purge config', AGENT_USERS_FILE);
     for (const path of PURGED_STATE) await remove('purge state', path);
   }
   return actions;

@@ -4,8 +4,11 @@ import { createServer, connect, type AddressInfo, type Server, type Socket } fro
 import { join } from 'node:path';
 import t from 'tap';
 import { existingUser, killGroup, spawnAsAgent } from '../support/agent-user.js';
-import { peerUid } from '../../src/http/peer-uid.js';
+import { peerUid, peerUidBySs } from '../../src/http/peer-uid.js';
+import { SockDiagHelper } from '../../src/http/sock-diag-helper.js';
+import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
+import { eventually } from '../support/poll.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 
 /*
@@ -197,13 +200,23 @@ async function listenOn(host: string): Promise<Server> {
   return server;
 }
 
-/** Connects to `server` from `dest` and returns peerUid of the accepted socket, read at once. */
-async function realPeerUid(server: Server, client: () => void): Promise<{ uid: number | undefined; accepted: Socket }> {
+const helper = new SockDiagHelper();
+t.teardown(() => helper.close());
+
+/**
+ * Connects to `server` from `dest` and returns peerUid of the accepted socket, read at once;
+ * the other two lookups (the sock_diag helper, ss) must give the same answer.
+ */
+async function realPeerUid(tt: TapTest, server: Server, client: () => void): Promise<{ uid: number | undefined; accepted: Socket }> {
   const accepted = once(server, 'connection') as Promise<[Socket]>;
   client();
   const [s] = await accepted;
   t.teardown(() => s.destroy());
-  return { uid: await peerUid(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0), accepted: s };
+  const tuple = [s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0] as const;
+  const uid = await peerUid(...tuple);
+  tt.equal(await helper.lookup(...tuple), uid, 'the sock_diag helper agrees');
+  tt.equal(await peerUidBySs(...tuple), uid, 'ss agrees');
+  return { uid, accepted: s };
 }
 
 function connectFrom(server: Server, dest: string): () => void {
@@ -224,34 +237,34 @@ function hasIPv6Loopback(): Promise<boolean> {
 
 t.test('real: a loopback TCP connection from this process → process.getuid()', async (t) => {
   const server = await listenOn('127.0.0.1');
-  const { uid, accepted } = await realPeerUid(server, connectFrom(server, '127.0.0.1'));
+  const { uid, accepted } = await realPeerUid(t, server, connectFrom(server, '127.0.0.1'));
   t.equal(accepted.remoteAddress, '127.0.0.1');
   t.equal(uid, process.getuid?.());
 });
 
 t.test('real: ::1', { skip: unlessMissing(t, (await hasIPv6Loopback()) ? undefined : 'no IPv6 loopback here') }, async (t) => {
   const server = await listenOn('::1');
-  const { uid } = await realPeerUid(server, connectFrom(server, '::1'));
+  const { uid } = await realPeerUid(t, server, connectFrom(server, '::1'));
   t.equal(uid, process.getuid?.());
 });
 
 t.test('real: server on [::ffff:127.0.0.1], both ends mapped', async (t) => {
   const server = await listenOn('::ffff:127.0.0.1');
-  const { uid, accepted } = await realPeerUid(server, connectFrom(server, '::ffff:127.0.0.1'));
+  const { uid, accepted } = await realPeerUid(t, server, connectFrom(server, '::ffff:127.0.0.1'));
   t.equal(accepted.remoteAddress, '::ffff:127.0.0.1');
   t.equal(uid, process.getuid?.());
 });
 
 t.test('real: server on [::ffff:127.0.0.1], client a plain 127.0.0.1 (AF_INET) socket', async (t) => {
   const server = await listenOn('::ffff:127.0.0.1');
-  const { uid, accepted } = await realPeerUid(server, connectFrom(server, '127.0.0.1'));
+  const { uid, accepted } = await realPeerUid(t, server, connectFrom(server, '127.0.0.1'));
   t.equal(accepted.remoteAddress, '::ffff:127.0.0.1', 'the server sees a mapped address');
   t.equal(uid, process.getuid?.(), 'the AF_INET client socket is found (it is in /proc/net/tcp)');
 });
 
 t.test('real: server on 127.0.0.1, client a dual-stack socket connecting to ::ffff:127.0.0.1', async (t) => {
   const server = await listenOn('127.0.0.1');
-  const { uid, accepted } = await realPeerUid(server, connectFrom(server, '::ffff:127.0.0.1'));
+  const { uid, accepted } = await realPeerUid(t, server, connectFrom(server, '::ffff:127.0.0.1'));
   t.equal(accepted.remoteAddress, '127.0.0.1', 'the server sees plain IPv4');
   t.equal(uid, process.getuid?.(), 'the AF_INET6 client socket is found (it is in /proc/net/tcp6, mapped)');
 });
@@ -278,6 +291,22 @@ t.test('real: a connection from another user (nobody, via setpriv) → that user
   const [s] = await Promise.race([accepted, died]);
   connected = true;
   t.teardown(() => s.destroy());
-  const uid = await peerUid(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0);
-  t.equal(uid, 65534, 'the uid of nobody');
+  const tuple = [s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0] as const;
+  t.equal(await peerUid(...tuple), 65534, 'the uid of nobody');
+  t.equal(await helper.lookup(...tuple), 65534, 'the sock_diag helper: nobody');
+  t.equal(await peerUidBySs(...tuple), 65534, 'ss: nobody (printed as uid:65534)');
+});
+
+t.test('real: the sock_diag helper answers undefined for no such socket, and a killed helper is replaced', async (t) => {
+  const server = await listenOn('127.0.0.1');
+  const { accepted } = await realPeerUid(t, server, connectFrom(server, '127.0.0.1'));
+  const tuple = [accepted.remoteAddress ?? '', accepted.remotePort ?? 0, accepted.localAddress ?? '', accepted.localPort ?? 0] as const;
+  t.equal(await helper.lookup(tuple[0], 1, tuple[2], tuple[3]), undefined, 'another client port: none');
+  t.equal(await helper.lookup('not-an-address', 1, tuple[2], tuple[3]), undefined, 'a malformed address is not sent');
+  const first = helper.pid;
+  t.ok(first, 'the helper runs');
+  process.kill(first!, 'SIGKILL');
+  await eventually(() => helper.pid === undefined);
+  t.equal(await helper.lookup(...tuple), process.getuid?.(), 'the next lookup starts a new helper and is answered');
+  t.not(helper.pid, first, 'a new process');
 });

@@ -127,10 +127,11 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     ...UNIT_NAMES.map((n): [string, string] => ['write unit', `/etc/systemd/system/${n}`]),
     ['write config', '/etc/sysusers.d/agent-connectors.conf'],
     ['write config', '/etc/tmpfiles.d/agent-connectors.conf'],
+    ['write agent users', '/etc/agent-connectors/agent-users'],
   ];
 
   await t.test('install --no-activate', async (t) => {
-    const r = await run(process.execPath, [CLI, 'install', '--root', root, '--no-activate', '--node', process.execPath], { timeoutMs: 120_000 });
+    const r = await run(process.execPath, [CLI, 'install', '--root', root, '--no-activate', '--node', process.execPath, '--agent-user', 'alice', '--agent-user', '1001'], { timeoutMs: 120_000 });
     t.equal(r.code, 0, `install exits 0${r.code === 0 ? '' : `: ${r.stderr}`}`);
     const actions = actionsOf(r.stdout);
     t.same(actions.map((a) => [a.what, a.path]), expected, 'it reports each action, in order, with its path');
@@ -149,6 +150,9 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     for (const part of ['package.json', 'README.md', 'dist/cli.js', 'units/agent-connectors.target', 'node_modules/commander/package.json']) {
       t.ok(existsSync(at(`${libDir}/${part}`)), `package part ${part} installed`);
     }
+    const users = readFileSync(at('/etc/agent-connectors/agent-users'), 'utf8');
+    t.match(users, /^# Local users whose agents may call/, 'the agent-users file says what it is');
+    t.match(users, /^alice\n1001\n$/m, 'and names each --agent-user');
     const link = at(`${prefix}/bin/agent-connectors`);
     t.ok(lstatSync(link).isSymbolicLink(), 'the CLI is a symlink');
     t.equal(resolve(dirname(link), readlinkSync(link)), at(`${libDir}/dist/cli.js`), 'it points at the installed cli.js (relative, so it works under any root)');
@@ -195,7 +199,7 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     const r = await run(process.execPath, [CLI, 'uninstall', '--root', root]);
     t.equal(r.code, 0, 'uninstall exits 0');
     t.same(actionsOf(r.stdout).map((a) => [a.what, a.path]), expectedRemovals, 'it reports each removal');
-    t.same(filesUnder(root), planted.slice().sort(), 'only the state is left');
+    t.same(filesUnder(root), [...planted, '/etc/agent-connectors/agent-users'].sort(), 'only the state and the operator\'s agent-users file are left');
 
     const again = await run(process.execPath, [CLI, 'uninstall', '--root', root]);
     t.equal(again.code, 0, 'a second uninstall exits 0');
@@ -208,6 +212,7 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     t.same(
       actionsOf(r.stdout).map((a) => [a.what, a.path]),
       [
+        ['purge config', '/etc/agent-connectors/agent-users'],
         ['purge state', '/var/lib/agent-connectors'],
         ['purge state', '/var/lib/agent-connectors-shims'],
         ['purge state', '/var/lib/private/agent-connectors-renew-fetch'],
