@@ -1,22 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { CLI } from '../test/support/cli-proc.js';
-import {
-  ensureSystemUser,
-  FORWARDER_PORT,
-  Lab,
-  LAB_QUEUE_ALLOWANCE_MS,
-  labSkipReason,
-  lookupUser,
-  run,
-  type SystemUser,
-} from '../test/support/lab.js';
+import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../test/support/lab.js';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
-import type { TapTest } from '../test/support/tap.js';
-import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
+import { APPLY, CLI_PROXY, DYNAMIC_UIDS, FETCH as LINK, FORWARDER, installForLab, labSteps, mintedTokens, LIB_DIR, STATE, SVC, TARGET } from './helpers/lab-package.js';
 import { McpUpstream } from './helpers/mcp-upstream.js';
 
 /**
@@ -35,24 +24,13 @@ import { McpUpstream } from './helpers/mcp-upstream.js';
  * enroll writes, read the same way.
  */
 
-const SVC = 'agent-connectors';
-const FORWARDER = 'agent-connectors-forwarder.service';
-const CLI_PROXY = 'agent-connectors-cli-proxy.service';
-const LINK = 'agent-connectors-renew-fetch.service';
-const APPLY = 'agent-connectors-renew-apply.service';
-const TARGET = 'agent-connectors.target';
 const UNITS = [FORWARDER, CLI_PROXY, LINK, APPLY];
-const AGENT_USER = 'ac-agent-lab';
-const PREFIX = '/opt';
-const LIB_DIR = `${PREFIX}/lib/agent-connectors`;
-const STATE = '/var/lib/agent-connectors';
 const INSTANCE = 'lab-link-inst';
 const SLOT = `instance:${INSTANCE}`;
 const BINDING = `lab_link_${randomBytes(12).toString('base64url')}`;
 const TOKEN_FILE = `${STATE}/mcp-forwarder/${INSTANCE}.token`;
 const DESIRED = `${STATE}/handoff/desired-state.json`;
 const APPLIED = `${STATE}/handoff/applied-state.json`;
-const DYNAMIC_UIDS = [61184, 65519] as const;
 /** The lab's own hard limit (seconds) and this file's budget before queuing for the lab. */
 const LAB_LIMIT_S = 200;
 const BUDGET_MS = 260_000;
@@ -97,58 +75,16 @@ const skipReason = labSkipReason();
 t.setTimeout(BUDGET_MS + 60_000 + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('systemd lab: enrol against the mock Gateway, a binding served and deleted, as the real users', { skip: unlessMissing(t, skipReason), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
-  if (/^\/(home|root|run\/user|tmp|var\/tmp)\//.test(process.execPath)) {
-    t.fail(`node is at ${process.execPath}, which the units' ProtectHome=/PrivateTmp= hide from them: run the tests with a node installed elsewhere (e.g. /usr/bin/node)`);
-    return;
-  }
-  const scratch = tempDir('ac-lablink-');
-  const root = join(scratch, 'root');
-  const work = join(scratch, 'work');
-  mkdirSync(work, { recursive: true });
-  const unitDir = join(root, 'etc/systemd/system');
-  const appDir = join(root, LIB_DIR);
+  const pkg = await installForLab(t, 'ac-lablink-');
+  if (!pkg) return;
+  const { work, unitDir, appDir, tmpfilesConf, agent, dropIn } = pkg;
   // Where enroll stores the credential and link.env (the lab keeps `work` at its path).
   const etcDir = join(work, 'etc-agent-connectors');
   const credentialFile = join(etcDir, 'host-credential');
-  let lab: Lab | undefined;
-  t.teardown(async () => {
-    const journal = lab ? (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout : '';
-    if (lab) await lab.shutdown();
-    if (t.passing()) {
-      rmSync(scratch, { recursive: true, force: true });
-      return;
-    }
-    rmSync(join(root, PREFIX), { recursive: true, force: true });
-    t.comment(`lab scratch dir (kept): ${scratch}`);
-    if (!lab) return;
-    t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
-    t.comment(`---- systemd console (last 120 lines) ----\n${lab.consoleLog().split('\n').slice(-120).join('\n')}`);
-    t.comment(`---- journal (last 200 lines) ----\n${journal.split('\n').slice(-200).join('\n')}`);
-  });
-
-  // ---- host side: install, users, the Gateway and its MCP endpoint -------------------------
-  const installed = await run(process.execPath, [CLI, 'install', '--root', root, '--prefix', PREFIX, '--node', process.execPath, '--no-activate'], { timeoutMs: 120_000 });
-  if (installed.code !== 0) {
-    t.fail(`install into the scratch root failed (${installed.code}):\n${installed.stdout}${installed.stderr}`);
-    return;
-  }
-  const sysusers = await run('systemd-sysusers', [join(root, 'etc/sysusers.d/agent-connectors.conf')]);
-  const svc = await lookupUser(SVC);
-  if (sysusers.code !== 0 || !svc) {
-    t.fail(`systemd-sysusers did not create ${SVC}: ${sysusers.stderr}`);
-    return;
-  }
-  const agent: SystemUser = await ensureSystemUser(AGENT_USER);
 
   const gw = await MockHostGateway.start({ tokenLifetimeMs: 120_000 });
   t.teardown(() => gw.close());
-  const minted: string[] = [];
-  const renew = gw.authority.renew.bind(gw.authority);
-  gw.authority.renew = (slot, bearer, body) => {
-    const result = renew(slot, bearer, body);
-    if (result.status === 200 && 'token' in result.body) minted.push(result.body.token);
-    return result;
-  };
+  const minted = mintedTokens(gw.authority);
   const upstream = await McpUpstream.start({
     tools: ['echo'],
     check: (token) => {
@@ -159,45 +95,19 @@ t.test('systemd lab: enrol against the mock Gateway, a binding served and delete
   t.teardown(() => upstream.close());
 
   // ---- the installed units, plus the lab's drop-ins -----------------------------------------
-  const dropIn = (unit: string, text: string): void => {
-    mkdirSync(join(unitDir, `${unit}.d`), { recursive: true });
-    writeFileSync(join(unitDir, `${unit}.d`, 'lab.conf'), `[Service]\n${text}`);
-  };
-  dropIn(LINK, `LoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironmentFile=-${join(etcDir, 'link.env')}\n`);
-  for (const unit of [FORWARDER, CLI_PROXY]) {
-    const execStart = /^ExecStart=(.+)$/m.exec(readFileSync(join(unitDir, unit), 'utf8'))?.[1] ?? 'missing';
-    dropIn(unit, `ExecStart=\nExecStart=${execStart} --allowed-uids ${AGENT_USER},root\n`);
-  }
+  dropIn(LINK, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironmentFile=-${join(etcDir, 'link.env')}\n`);
   writeFileSync(join(appDir, 'lab-mcp-client.mjs'), CLIENT_SCRIPT, { mode: 0o644 });
-  const tmpfilesConf = join(work, 'tmpfiles.conf');
-  const tmpfiles = readFileSync(join(root, 'etc/tmpfiles.d/agent-connectors.conf'), 'utf8');
-  writeFileSync(tmpfilesConf, tmpfiles.split('\n').filter((l) => !/\s\/etc\//.test(` ${l}`)).join('\n'));
 
+  let l: Lab;
   try {
-    lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: LAB_LIMIT_S });
+    l = pkg.lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: LAB_LIMIT_S });
   } catch (err) {
     t.fail((err as Error).message);
     return;
   }
-  const l = lab;
   const cli = `${process.execPath} ${LIB_DIR}/dist/cli.js`;
 
-  let broken: string | undefined;
-  const step = async (name: string, fn: (tt: TapTest) => Promise<void>): Promise<void> => {
-    if (broken) {
-      await t.test(name, { skip: `an earlier step failed: ${broken}` }, async () => undefined);
-      return;
-    }
-    await t.test(name, async (tt) => {
-      try {
-        await fn(tt);
-      } catch (err) {
-        tt.fail((err as Error).message);
-      } finally {
-        if (!tt.passing()) broken = name;
-      }
-    });
-  };
+  const step = labSteps(t);
 
   const code = gw.control.issuePairingCode();
   let credential = '';
