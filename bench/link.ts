@@ -232,7 +232,7 @@ export async function runLinkBench(log: (line: string) => void, options: LinkBen
     const t0 = performance.now();
     gw.control.connectBindings(bindings);
     const version = gw.control.version;
-    const applyMs = await until(() => appliedVersion(applied) === version, t0, `${many} bindings applied`, 300_000, 10);
+    const applyMs = await until(() => appliedVersion(applied) === version, t0, `${many} bindings applied`, 900_000, 10);
     const linkCpuToApplyMs = (cpuMicros(link.pid) - cpuBefore) / 1000;
     const applyCpuMs = (cpuMicros(apply.pid) - applyCpuBefore) / 1000;
     const tokens = (): number => readdirSync(join(state, 'mcp-forwarder')).filter((f) => f.startsWith('many-') && f.endsWith('.token')).length;

@@ -49,7 +49,11 @@ process.stdout.write(JSON.stringify({ uid: process.getuid(), tools: tools.tools.
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-/** Polls `probe` until it returns something; the last failure is in the error. */
+/**
+ * Polls `probe` until it returns something, and returns it; throws naming what it waited
+ * for. Not poll.ts's `until`: a probe here is often a process started through nsenter, too
+ * heavy to run every 20 ms on a busy machine.
+ */
 async function eventually<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs: number): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -82,7 +86,8 @@ t.test('systemd lab: enrol against the mock Gateway, a binding served and delete
   const etcDir = join(work, 'etc-agent-connectors');
   const credentialFile = join(etcDir, 'host-credential');
 
-  const gw = await MockHostGateway.start({ tokenLifetimeMs: 120_000 });
+  // Long-lived tokens: one renewal per slot in this run, so the token the client met is the one the link renewed.
+  const gw = await MockHostGateway.start({ tokenLifetimeMs: 600_000 });
   t.teardown(() => gw.close());
   const minted = mintedTokens(gw.authority);
   const upstream = await McpUpstream.start({

@@ -33,7 +33,7 @@ export const USAGE = `usage: npm run bench -- [options]
                          docs/rotation.md)
   --link                 only the host link's figures: connect/disconnect latency over 100
                          changes, the link's CPU and RSS idle and with 10 000 bindings
-                         (about 4 minutes; docs/host-link.md)
+                         (6 minutes on a busy 2-core VM; docs/host-link.md)
   --reps N               repetitions (default 3)
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections
