@@ -8,6 +8,7 @@ import { runBench } from './full.js';
 import { runProfile } from './profile.js';
 import { runSmoke } from './smoke.js';
 import { runRotation } from './rotation.js';
+import { runLink } from './link.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -35,6 +36,8 @@ async function main(): Promise<number> {
       return 0;
     case 'rotation':
       return runRotation(log);
+    case 'link':
+      return runLink(log, opts.cli);
     default:
       await runBench(opts, log);
       return opts.mode === 'full' ? runRotation(log) : 0;
