@@ -9,6 +9,7 @@ import { runProfile } from './profile.js';
 import { runSmoke } from './smoke.js';
 import { runRotation } from './rotation.js';
 import { runPeerCheck } from './peer-check.js';
+import { runLink } from './link.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -37,6 +38,8 @@ async function main(): Promise<number> {
       return 0;
     case 'rotation':
       return runRotation(log);
+    case 'link':
+      return runLink(log, opts.cli);
     default:
       await runBench(opts, log);
       return opts.mode === 'full' ? runRotation(log) : 0;

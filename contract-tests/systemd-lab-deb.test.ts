@@ -104,7 +104,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`, `cli:${PROVIDER}`] });
   t.teardown(() => gw.close());
-  const minted = recordMinted(gw);
+  const minted = recordMinted(gw.authority);
   const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 

@@ -1,26 +1,14 @@
 import { randomBytes } from 'node:crypto';
-import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { CLI } from '../test/support/cli-proc.js';
-import {
-  CLI_PROXY_PORT,
-  ensureSystemUser,
-  FORWARDER_PORT,
-  groupId,
-  Lab,
-  LAB_QUEUE_ALLOWANCE_MS,
-  labSkipReason,
-  lookupUser,
-  run,
-  type SystemUser,
-} from '../test/support/lab.js';
+import { CLI_PROXY_PORT, FORWARDER_PORT, groupId, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../test/support/lab.js';
+import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, FETCH, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from './helpers/lab-package.js';
 import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
 import { McpUpstream } from './helpers/mcp-upstream.js';
 import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
-import { tempDir } from '../test/support/temp-dir.js';
 import { unlessMissing } from '../test/tools/prerequisite.js';
 
 /**
@@ -33,24 +21,12 @@ import { unlessMissing } from '../test/tools/prerequisite.js';
  * (they all use port 0); if something does, this file fails up front and says so.
  */
 
-const SVC = 'agent-connectors';
-const FORWARDER = 'agent-connectors-forwarder.service';
-const CLI_PROXY = 'agent-connectors-cli-proxy.service';
-const FETCH = 'agent-connectors-renew-fetch.service';
-const APPLY = 'agent-connectors-renew-apply.service';
-const TARGET = 'agent-connectors.target';
-const AGENT_USER = 'ac-agent-lab';
-const PREFIX = '/opt';
-const LIB_DIR = `${PREFIX}/lib/agent-connectors`;
-const STATE = '/var/lib/agent-connectors';
 const INSTANCE = 'lab-inst';
 const SLOT = `instance:${INSTANCE}`;
 const BINDING = `lab_${randomBytes(12).toString('base64url')}`;
 const TOKEN_FILE = `${STATE}/mcp-forwarder/${INSTANCE}.token`;
 const FETCH_CREDENTIAL = `/run/credentials/${FETCH}/host-credential`;
 const FETCH_STATE = '/var/lib/private/agent-connectors-renew-fetch';
-/** systemd's DynamicUser= range. */
-const DYNAMIC_UIDS = [61184, 65519] as const;
 /** Token lifetime at the mock Gateway: fetch renews with a third left, so a rotation comes ~10 s after the first token. */
 const TOKEN_LIFETIME_MS = 15_000;
 
@@ -121,59 +97,19 @@ t.setTimeout(240_000 + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 170_000 + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
   // ---- host side: install, users, Gateway, upstream (Lab.boot checks the fixed ports) ----
-  // The units run this node; ProtectHome=/PrivateTmp= would hide one under a home or /tmp.
-  if (/^\/(home|root|run\/user|tmp|var\/tmp)\//.test(process.execPath)) {
-    t.fail(`node is at ${process.execPath}, which the units' ProtectHome=/PrivateTmp= hide from them: run the tests with a node installed elsewhere (e.g. /usr/bin/node)`);
-    return;
-  }
-  const scratch = tempDir('ac-lab-');
-  const root = join(scratch, 'root');
-  const work = join(scratch, 'work');
-  mkdirSync(work, { recursive: true });
-  const unitDir = join(root, 'etc/systemd/system');
-  const appDir = join(root, LIB_DIR);
-  let lab: Lab | undefined;
-  let journalAtEnd = '';
-  let labStopped = false;
-  // One teardown, in this order: end the lab, show its logs if anything failed, clean up.
-  t.teardown(async () => {
-    if (lab && !labStopped) {
-      journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
-      await lab.shutdown();
-    }
-    if (t.passing()) {
-      rmSync(scratch, { recursive: true, force: true });
-      return;
-    }
-    // Keep the logs for a look, drop the installed package copy.
-    rmSync(join(root, PREFIX), { recursive: true, force: true });
-    t.comment(`lab scratch dir (kept): ${scratch}`);
-    if (!lab) return;
-    t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
-    t.comment(`---- systemd console (last 200 lines, ${lab.consoleLogPath}) ----\n${lab.consoleLog().split('\n').slice(-200).join('\n')}`);
-    t.comment(`---- journal (last 200 lines) ----\n${journalAtEnd.split('\n').slice(-200).join('\n')}`);
-  });
-
-  const installed = await run(process.execPath, [CLI, 'install', '--root', root, '--prefix', PREFIX, '--node', process.execPath, '--no-activate'], { timeoutMs: 120_000 });
-  if (installed.code !== 0) {
-    t.fail(`install into the scratch root failed (${installed.code}):\n${installed.stdout}${installed.stderr}`);
-    return;
-  }
-  const sysusers = await run('systemd-sysusers', [join(root, 'etc/sysusers.d/agent-connectors.conf')]);
-  t.equal(sysusers.code, 0, `systemd-sysusers creates the service user and group on the host${sysusers.code === 0 ? '' : `: ${sysusers.stderr}`}`);
-  const svc = await lookupUser(SVC);
+  const pkg = await installForLab(t, 'ac-lab-');
+  if (!pkg) return;
+  const { work, unitDir, appDir, tmpfilesConf, svc, agent, dropIn } = pkg;
   const renewGid = await groupId('agent-connectors-renew');
-  const agent: SystemUser = await ensureSystemUser(AGENT_USER);
-  if (!svc || renewGid === undefined) {
-    t.fail('the service user agent-connectors or the group agent-connectors-renew is missing after systemd-sysusers');
+  if (renewGid === undefined) {
+    t.fail('the group agent-connectors-renew is missing after systemd-sysusers');
     return;
   }
 
   const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [SLOT] });
   t.teardown(() => gw.close());
-  // Every token the Gateway hands out, to search the logs for.
-  const minted = recordMinted(gw);
+  const minted = recordMinted(gw.authority);
   const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
@@ -183,33 +119,17 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   const credentialFile = join(unitDir, 'host-credential');
   writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
   chmodSync(credentialFile, 0o600);
-  const dropIn = (unit: string, name: string, text: string): void => {
-    mkdirSync(join(unitDir, `${unit}.d`), { recursive: true });
-    writeFileSync(join(unitDir, `${unit}.d`, name), text);
-  };
   dropIn(FETCH, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironment=AGENT_CONNECTORS_GATEWAY_URL=${gw.url}\n`);
-  // allowedUids: the agent and root (this test's own MCP client) may connect, nobody else.
-  for (const unit of [FORWARDER, CLI_PROXY]) {
-    const execStart = /^ExecStart=(.+)$/m.exec(readFileSync(join(unitDir, unit), 'utf8'))?.[1];
-    dropIn(unit, 'lab.conf', `[Service]\nExecStart=\nExecStart=${execStart ?? 'missing'} --allowed-uids ${AGENT_USER},root\n`);
-  }
-  const tmpfilesConf = join(work, 'tmpfiles.conf');
-  writeFileSync(
-    tmpfilesConf,
-    readFileSync(join(root, 'etc/tmpfiles.d/agent-connectors.conf'), 'utf8')
-      .split('\n')
-      .filter((l) => !/\s\/etc\//.test(` ${l}`))
-      .join('\n'),
-  );
 
   // ---- boot ------------------------------------------------------------------------------
+  let lab: Lab;
   try {
-    lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: 170 });
+    lab = pkg.lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: 170 });
   } catch (err) {
     t.fail((err as Error).message);
     return;
   }
-  t.comment(`lab systemd is host pid ${lab.hostPid}; scratch ${scratch}`);
+  t.comment(`lab systemd is host pid ${lab.hostPid}; scratch ${pkg.scratch}`);
 
   const step = labSteps(t);
 
@@ -579,8 +499,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       .filter((l) => l !== undefined && l.msg === 'forwarder stopped')
       .at(-1);
     tt.match(stopped, { msg: 'forwarder stopped', clean: true }, 'the forwarder drained and stopped cleanly');
-    journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
-    labStopped = true;
+    pkg.journalAtEnd = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
     tt.equal(await lab.shutdown(), 0, 'the lab itself ends cleanly');
   });
 });

@@ -3,7 +3,7 @@ import { ALL_PEERS, type PeerName } from './peers.js';
 import { DEFAULT_CLI } from './paths.js';
 
 export interface BenchOptions {
-  mode: 'full' | 'quick' | 'smoke' | 'profile' | 'rotation';
+  mode: 'full' | 'quick' | 'smoke' | 'profile' | 'rotation' | 'link';
   reps: number;
   /** wrk duration per (concurrency, peer), seconds. */
   seconds: number;
@@ -31,6 +31,9 @@ export const USAGE = `usage: npm run bench -- [options]
   --rotation             only the rotation run: 1 000 token rotations by real fetch + apply
                          against the strict Gateway under load (a full run ends with it too;
                          docs/rotation.md)
+  --link                 only the host link's figures: connect/disconnect latency over 100
+                         changes, the link's CPU and RSS idle and with 10 000 bindings
+                         (6 minutes on a busy 2-core VM; docs/host-link.md)
   --reps N               repetitions (default 3)
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections
@@ -64,11 +67,11 @@ export function parseArgs(argv: string[]): BenchOptions {
     return v;
   };
   const known = new Set([
-    'quick', 'smoke', 'profile', 'rotation', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
+    'quick', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
     'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
   ]);
   for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
-  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--quick') ? 'quick' : 'full';
+  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--link') ? 'link' : flags.has('--quick') ? 'quick' : 'full';
   const quick = mode === 'quick';
   const num = (name: string, def: number): number => {
     const v = value(name);

@@ -1,5 +1,4 @@
 import type { RenewAuthority } from '../../src/gateway-standin/authority.js';
-import type { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
 import type { TapTest } from '../../test/support/tap.js';
 import type { TokenVerdict } from './mcp-upstream.js';
 
@@ -21,11 +20,11 @@ export function checkWith(authority: RenewAuthority): (token: string | undefined
   };
 }
 
-/** Every token the Gateway hands out from now on, to search the logs for. */
-export function recordMinted(gw: MockRenewGateway): string[] {
+/** Every token `authority` mints from now on, to search the logs for. */
+export function recordMinted(authority: RenewAuthority): string[] {
   const minted: string[] = [];
-  const renew = gw.authority.renew.bind(gw.authority);
-  gw.authority.renew = (slot, bearer, body) => {
+  const renew = authority.renew.bind(authority);
+  authority.renew = (slot, bearer, body) => {
     const result = renew(slot, bearer, body);
     if (result.status === 200 && 'token' in result.body) minted.push(result.body.token);
     return result;

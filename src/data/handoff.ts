@@ -72,6 +72,16 @@ export function emptySlotFile(slot: string): SlotFile {
 
 
 
+/** One slot file's entry from its name and text: the slot, or why it is invalid; undefined for a name that is not a slot's. */
+export function slotEntry(name: string, text: string): SlotFile | { error: string } | undefined {
+  const slot = slotOfFileName(name);
+  if (!slot) return undefined;
+  const parsed = parseJsonWith(slotFileSchema, text);
+  if (!parsed.ok) return { error: parsed.error };
+  if (parsed.value.slot !== slot) return { error: 'slot field does not match the file name' };
+  return parsed.value;
+}
+
 /** Reads every valid slot file; invalid ones are reported, not fatal. */
 export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[]; errors: Array<{ file: string; error: string }> }> {
   const slots: SlotFile[] = [];
@@ -84,14 +94,12 @@ export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[
     throw err;
   }
   for (const name of names.sort()) {
-    const slot = slotOfFileName(name);
-    if (!slot) continue;
+    if (!slotOfFileName(name)) continue;
     const text = await readFile(join(paths.slots, name), 'utf8').catch(() => undefined);
-    if (text === undefined) continue;
-    const parsed = parseJsonWith(slotFileSchema, text);
-    if (!parsed.ok) errors.push({ file: name, error: parsed.error });
-    else if (parsed.value.slot !== slot) errors.push({ file: name, error: 'slot field does not match the file name' });
-    else slots.push(parsed.value);
+    const entry = text === undefined ? undefined : slotEntry(name, text);
+    if (entry === undefined) continue;
+    if ('error' in entry) errors.push({ file: name, error: entry.error });
+    else slots.push(entry);
   }
   return { slots, errors };
 }

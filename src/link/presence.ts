@@ -1,8 +1,9 @@
 import { basename } from 'node:path';
-import { watch } from 'chokidar';
 import { Agent } from 'undici';
 import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
+import { SlotCache, type SlotListing } from '../data/slot-cache.js';
+import { watchDir } from '../fs/dir-watch.js';
 import { linkUrl, PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
 import { presenceProblems, type PartHealth } from '../data/problem-codes.js';
 import type { Logger } from '../log/logger.js';
@@ -53,10 +54,16 @@ export async function partHealth(agent: Agent, url: string, signal: AbortSignal)
  * version (apply's record), slots (slot, tokenId, expiresAt: never a token), parts' health
  * and stable problem codes. Validated against the wire schema before it is sent.
  */
-export async function buildPresence(config: PresenceConfig, agent: Agent, credentialUsable: boolean, signal: AbortSignal): Promise<Presence> {
+export async function buildPresence(
+  config: PresenceConfig,
+  agent: Agent,
+  credentialUsable: boolean,
+  signal: AbortSignal,
+  slotListing?: () => Promise<SlotListing>,
+): Promise<Presence> {
   const paths = handoffPaths(config.handoffDir);
   const applied = await readAppliedState(config.handoffDir);
-  const { slots, errors } = await readSlots(paths);
+  const { slots, errors } = slotListing ? await slotListing() : await readSlots(paths);
   const parts: Record<string, PartHealth> = {};
   for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal);
   const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable });
@@ -92,6 +99,8 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
       const healthAgent = new Agent({ headersTimeout: config.healthTimeoutMs, bodyTimeout: config.healthTimeoutMs, connect: { timeout: config.healthTimeoutMs } });
       let lastSent = 0;
       let nextRegular = 0;
+      // A report lists every slot; with 10 000 of them only the changed files are re-read.
+      const slotCache = new SlotCache(paths, config.intervalMs);
 
       const send = async (log: Logger): Promise<void> => {
         const read = credential.read();
@@ -99,7 +108,7 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           if (read.kind === 'unusable') log.warn({ problem: read.reason }, 'host credential unusable; presence not sent');
           return;
         }
-        const body = await buildPresence(config, healthAgent, true, signal);
+        const body = await buildPresence(config, healthAgent, true, signal, () => slotCache.current());
         const url = linkUrl(config.gatewayUrl, PRESENCE_PATH);
         try {
           const res = await agent.request({
@@ -139,12 +148,23 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
         return dirty ? Math.max(0, config.minGapMs - (Date.now() - lastSent)) : interval;
       };
 
-      const watcher = watch([appliedStatePath(config.handoffDir), paths.slots], {
-        ignoreInitial: true,
-        depth: 0,
-        ignored: (p: string) => basename(p).startsWith('.'),
-      });
-      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the hand-off failed; presence keeps its regular ticks'));
+      const appliedName = basename(appliedStatePath(config.handoffDir));
+      const onWatchError = (err: Error): void => log.warn({ err: { message: err.message } }, 'watching the hand-off failed; presence keeps its regular ticks');
+      const unwatchSlots = watchDir(
+        paths.slots,
+        (name) => {
+          slotCache.changed(name);
+          changed();
+        },
+        onWatchError,
+      );
+      const unwatchRoot = watchDir(
+        config.handoffDir,
+        (name) => {
+          if (name === undefined || name === appliedName) changed();
+        },
+        onWatchError,
+      );
       try {
         await runLoop({
           name: 'link-presence',
@@ -153,9 +173,11 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           step,
           subscribeWake: (wake) => {
             wakeLoop = wake;
-            watcher.on('all', changed);
             const offCred = credential.onChange(changed);
-            const offReload = onReload(changed);
+            const offReload = onReload(() => {
+              slotCache.changed();
+              changed();
+            });
             return () => {
               wakeLoop = undefined;
               offCred();
@@ -164,7 +186,8 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           },
         });
       } finally {
-        await watcher.close();
+        unwatchSlots();
+        unwatchRoot();
         await agent.destroy().catch(() => undefined);
         await healthAgent.destroy().catch(() => undefined);
       }

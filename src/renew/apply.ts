@@ -1,6 +1,6 @@
 import { constants } from 'node:fs';
 import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
@@ -135,7 +135,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   const files = await deps.tokenFilesFor(slot);
   for (const file of files) {
     await mkdir(dirname(file), { recursive: true, mode: 0o700 });
-    await sweepStaleTemps(dirname(file), { target: basename(file) });
+    await sweepOnce(dirname(file));
     await atomicWrite(file, `${msg.token}\n`, {
       mode: 0o600,
       owner: await ownerFor(dirname(file)),
@@ -153,6 +153,20 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   await removeIfSame(path, ino);
   stats.applied += 1;
   log.info({ slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: files.length }, 'token applied');
+}
+
+/**
+ * Temps a killed apply left beside the token files (possibly part of a token) are swept
+ * the first time this process writes into their directory: one listing per directory per
+ * process, not one per token (10 000 tokens in one directory made that quadratic). Token
+ * files are written only by apply, under the hand-off lock: a temp a dead apply leaves
+ * later (a one-shot run killed beside this one) waits for this process's next start.
+ */
+const sweptDirs = new Set<string>();
+async function sweepOnce(dir: string): Promise<void> {
+  if (sweptDirs.has(dir)) return;
+  await sweepStaleTemps(dir);
+  sweptDirs.add(dir);
 }
 
 function stampOf(ms: number): string {

@@ -1,15 +1,15 @@
-import { join, basename } from 'node:path';
-import { readdir } from 'node:fs/promises';
-import { watch } from 'chokidar';
+import { join } from 'node:path';
 import { FetchIncompleteError } from '../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
+import { watchDir } from '../fs/dir-watch.js';
+import { SlotCache } from '../data/slot-cache.js';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { readTokenFile } from '../token/token-file.js';
 import { FetchState } from './fetch-state.js';
 import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
-import { handoffPaths, readSlots, slotOfFileName, type SlotFile } from '../data/handoff.js';
+import { handoffPaths, type SlotFile } from '../data/handoff.js';
 import {
   afterCredentialChange,
   credentialDigest,
@@ -81,6 +81,8 @@ export function createFetchService(config: FetchConfig): Service {
       const agent = createFetchAgent();
       const fetchDeps: FetchDeps = { gatewayUrl: config.gatewayUrl, paths, state, agent, log };
       const slotStates = new Map<string, SlotPolicyState>();
+      // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
+      const slotCache = new SlotCache(paths, config.maxSleepMs);
       /** Slots seen at the last scan: one gone since was retired (SPEC §8 reconcile). */
       let seen = new Set<string>();
       let haltedOn: string | undefined; // digest of the credential the Gateway refused
@@ -122,20 +124,17 @@ export function createFetchService(config: FetchConfig): Service {
           haltedOn = undefined;
           for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
         }
-        const { slots, errors } = await readSlots(paths);
+        const { slots, errors } = await slotCache.current(now);
         for (const e of errors) log.warn(e, 'ignoring invalid slot file');
         // A retired slot's memory must not outlive it: connected again, its new slot file
         // (generation 0) would look already delivered and wait out the old token's schedule.
         // Gone means no file at all (by name): a file unreadable for a moment is still there.
-        const names = await readdir(paths.slots).catch(() => undefined);
-        if (names) {
-          const present = new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
-          for (const gone of [...seen].filter((s) => !present.has(s))) {
-            slotStates.delete(gone);
-            await state.forget(gone);
-          }
-          seen = present;
+        const present = slotCache.present();
+        for (const gone of [...seen].filter((s) => !present.has(s))) {
+          slotStates.delete(gone);
+          await state.forget(gone);
         }
+        seen = present;
         let next = now + config.maxSleepMs;
         unsettled = 0;
         for (const slot of slots) {
@@ -162,6 +161,7 @@ export function createFetchService(config: FetchConfig): Service {
       const rescanOnReload = (wake: () => void): (() => void) =>
         onReload(() => {
           log.info('SIGHUP: rescanning slots and the credential');
+          slotCache.changed();
           wake();
         });
 
@@ -192,10 +192,15 @@ export function createFetchService(config: FetchConfig): Service {
           return;
         }
         await notifier.ready('renewing');
-        // Dot files are writers' temps (0600 until renamed: unreadable to us, and chokidar
-        // would emit EACCES for them); an error on the watch must never kill the loop.
-        const watcher = watch(paths.slots, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
-        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching slots/ failed; falling back to periodic scans'));
+        let wakeLoop: (() => void) | undefined;
+        const unwatch = watchDir(
+          paths.slots,
+          (name) => {
+            slotCache.changed(name);
+            wakeLoop?.();
+          },
+          (err) => log.warn({ err: { message: err.message } }, 'watching slots/ failed; falling back to periodic scans'),
+        );
         try {
           await runLoop({
             name: 'renew-fetch',
@@ -203,12 +208,16 @@ export function createFetchService(config: FetchConfig): Service {
             signal,
             step,
             subscribeWake: (wake) => {
-              watcher.on('all', wake);
-              return rescanOnReload(wake);
+              wakeLoop = wake;
+              const offReload = rescanOnReload(wake);
+              return () => {
+                wakeLoop = undefined;
+                offReload();
+              };
             },
           });
         } finally {
-          await watcher.close();
+          unwatch();
         }
       } finally {
         await agent.close().catch(() => undefined);

@@ -1,0 +1,104 @@
+import { chmodSync, mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { emptySlotFile, handoffPaths, slotFileName } from '../../src/data/handoff.js';
+import { SlotCache } from '../../src/data/slot-cache.js';
+import { watchDir } from '../../src/fs/dir-watch.js';
+import { tempDir } from '../support/temp-dir.js';
+
+function setup(): { paths: ReturnType<typeof handoffPaths>; write: (slot: string, body?: unknown) => void } {
+  const paths = handoffPaths(tempDir('ac-slot-cache-', t));
+  mkdirSync(paths.slots, { recursive: true });
+  const write = (slot: string, body: unknown = emptySlotFile(slot)): void => {
+    const tmp = join(paths.slots, `.${slotFileName(slot)}.tmp`);
+    writeFileSync(tmp, typeof body === 'string' ? body : JSON.stringify(body));
+    renameSync(tmp, join(paths.slots, slotFileName(slot)));
+  };
+  return { paths, write };
+}
+
+t.test('SlotCache: a full scan first, then only the files it was told changed', async (t) => {
+  const { paths, write } = setup();
+  write('instance:a');
+  write('instance:b');
+  const cache = new SlotCache(paths, 60_000);
+  const first = await cache.current(1_000);
+  t.strictSame(first.slots.map((s) => s.slot), ['instance:a', 'instance:b'], 'the first call scans the directory');
+
+  // Changed on disk but not reported: the cache does not look (that is the point of it).
+  write('instance:a', { ...emptySlotFile('instance:a'), tokenId: 'tok_1', expiresAt: '2030-01-01T00:00:00.000Z' });
+  write('instance:c');
+  t.strictSame((await cache.current(2_000)).slots.map((s) => s.slot), ['instance:a', 'instance:b'], 'unreported changes are not read');
+
+  cache.changed(slotFileName('instance:a'));
+  const after = await cache.current(3_000);
+  t.equal(after.slots.find((s) => s.slot === 'instance:a')?.tokenId, 'tok_1', 'a reported file is re-read');
+  t.notOk(after.slots.some((s) => s.slot === 'instance:c'), 'an unreported new file is still unknown');
+
+  const rescanned = await cache.current(1_000 + 60_000);
+  t.ok(rescanned.slots.some((s) => s.slot === 'instance:c'), 'the periodic full rescan finds what no event reported');
+});
+
+t.test('SlotCache: a deleted file leaves, an invalid one is an error, an unreadable one keeps its entry', async (t) => {
+  const { paths, write } = setup();
+  write('instance:a');
+  write('instance:b');
+  write('cli:notion');
+  const cache = new SlotCache(paths, 60_000);
+  await cache.current(0);
+  rmSync(join(paths.slots, slotFileName('instance:a')));
+  write('instance:b', '{not json');
+  cache.changed(slotFileName('instance:a'));
+  cache.changed(slotFileName('instance:b'));
+  const now = await cache.current(1);
+  t.strictSame(now.slots.map((s) => s.slot), ['cli:notion'], 'the deleted slot is gone, the invalid one is not a slot');
+  t.strictSame(now.errors.map((e) => e.file), [slotFileName('instance:b')], 'the invalid file is reported by name');
+  t.strictSame([...cache.present()].sort(), ['cli:notion', 'instance:b'], 'present: files that exist, valid or not');
+
+  if (process.getuid?.() === 0) {
+    // Root reads anything; drop to a check that needs no other user: a directory in the way.
+    rmSync(join(paths.slots, slotFileName('cli:notion')));
+    mkdirSync(join(paths.slots, slotFileName('cli:notion')));
+  } else {
+    chmodSync(join(paths.slots, slotFileName('cli:notion')), 0o000);
+  }
+  cache.changed(slotFileName('cli:notion'));
+  t.strictSame((await cache.current(2)).slots.map((s) => s.slot), ['cli:notion'], 'a file that cannot be read for now keeps its last entry');
+  cache.changed();
+  t.strictSame((await cache.current(3)).slots.map((s) => s.slot), [], 'changed() with no name rescans everything');
+});
+
+t.test('watchDir reports each renamed-in file by name and ignores dot files', async (t) => {
+  const { paths, write } = setup();
+  const seen: Array<string | undefined> = [];
+  let notify: (() => void) | undefined;
+  const stop = watchDir(
+    paths.slots,
+    (name) => {
+      seen.push(name);
+      notify?.();
+    },
+    (err) => t.fail(err.message),
+  );
+  t.teardown(stop);
+  const arrived = (name: string): Promise<void> =>
+    new Promise((resolve) => {
+      const check = (): void => {
+        if (seen.includes(name)) resolve();
+      };
+      notify = check;
+      check();
+    });
+  write('instance:w');
+  await arrived(slotFileName('instance:w'));
+  t.ok(seen.includes(slotFileName('instance:w')), 'the slot file is named');
+  t.notOk(seen.some((n) => n?.startsWith('.')), 'the writer temp is not reported');
+});
+
+t.test('watchDir on a missing directory reports the error and returns a no-op stop', async (t) => {
+  const errors: string[] = [];
+  const stop = watchDir(join(tempDir('ac-dir-watch-', t), 'missing'), () => t.fail('no change expected'), (err) => errors.push(err.message));
+  stop();
+  t.equal(errors.length, 1, 'one error');
+  t.match(errors[0], /ENOENT/, 'naming the cause');
+});
