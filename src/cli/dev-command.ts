@@ -20,6 +20,9 @@ import { tokenFilesFor } from '../renew/token-targets.js';
 import { cliSlot, instanceSlot } from '../data/renew-wire.js';
 import type { Catalog } from '../data/catalog.js';
 import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
+import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
+import { createAuditUpload, defaultAuditUploadConfig } from '../link/audit-upload.js';
+import { LinkCredential } from '../link/credential.js';
 import { installShims } from '../shims/install.js';
 import { shQuote } from '../shims/render.js';
 import { fileURLToPath } from 'node:url';
@@ -103,7 +106,14 @@ export function registerDevCommand(program: Command): void {
       await atomicWrite(credentialPath, `${credential}\n`, { mode: 0o600 });
       const authority = new RenewAuthority({ credential, tokenLifetimeMs: lifetimeMs, slots: [slot, demoCliSlot], tokenPrefix: 'demo_' });
       // The link endpoints (SPEC §8) answer too; dev's own credential counts as a host's.
-      const hostControl = new HostControl({ authority, staticHosts: { 'dev-host': credential } });
+      const hostControl = new HostControl({
+        authority,
+        staticHosts: { 'dev-host': credential },
+        // What the platform would show for shell CLI calls (SPEC §9): one line per event.
+        onAudit: (_host, events) => {
+          for (const e of events) log.info({ part: 'demo-gateway', provider: e.provider, method: e.method, path: e.path, status: e.status, peerUid: e.peerUid }, 'audit event received');
+        },
+      });
       const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority, hostControl);
       await gateway.listen(0);
       // Whatever fails from here on (a port in use included), the demo Gateway must not
@@ -150,9 +160,14 @@ export function registerDevCommand(program: Command): void {
             bodyLimit: DEFAULT_CLI_BODY_LIMIT,
             upstream: defaultUpstreamOptions,
             shutdownGraceMs: 2_000,
+            audit: { dir: layout.audit, maxEvents: DEFAULT_AUDIT_MAX_EVENTS },
           },
           onListening: (port) => cliPortKnown(port),
         });
+        const auditUpload = createAuditUpload(
+          { ...defaultAuditUploadConfig, gatewayUrl: gateway.baseUrl, dir: layout.audit, minGapMs: 500 },
+          new LinkCredential(credentialPath, log.child({ part: 'link' })),
+        );
         const shimDir = layout.shims;
         const forwarder = createForwarderService({
           config: {
@@ -182,6 +197,7 @@ export function registerDevCommand(program: Command): void {
               'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
               `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
               `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
+              '  each call is audited: the demo Gateway logs "audit event received" (provider, method, path, status)',
               'Give an agent the shim directory:',
               ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
               'Ctrl-C stops.',
@@ -200,7 +216,7 @@ export function registerDevCommand(program: Command): void {
           },
         };
         // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
-        await runServices([gatewayService, apply, fetch, cliProxy, forwarder], { log, notifier: createNotifier({ log, env: {} }) });
+        await runServices([gatewayService, apply, fetch, cliProxy, auditUpload, forwarder], { log, notifier: createNotifier({ log, env: {} }) });
       } finally {
         await gateway.close();
       }

@@ -28,6 +28,8 @@ export interface LoopbackServiceSpec<T> {
   onListening?: (port: number) => void;
   /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
+  /** Read each connection's peer UID even without `allowedUids` (the cli-proxy's audit names it). */
+  peerUids?: boolean | undefined;
 }
 
 /**
@@ -81,17 +83,23 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   let stopping = false;
   let port = spec.listen.port;
   const allowed = new WeakMap<Socket, Promise<boolean>>();
+  const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
   const peerAllowed = spec.allowedUids
     ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
     : undefined;
+  const readUids = spec.allowedUids !== undefined || spec.peerUids === true;
+  const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
   const server = createLoopbackServer(
-    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
+    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf }),
   );
-  if (spec.allowedUids) {
+  if (readUids) {
     const uids = spec.allowedUids;
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
-      const decision = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
+      const uid = peerUid(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0);
+      uidOf.set(socket, uid);
+      if (!uids) return;
+      const decision = uid.then((uid) => {
         const ok = uid !== undefined && uids.has(uid);
         // A client already gone has no entry left to find; nothing to refuse or report.
         if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not in allowedUids');
