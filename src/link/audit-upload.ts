@@ -16,7 +16,7 @@ import { linkUrl } from '../data/link-wire.js';
 import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import type { LinkCredential } from './credential.js';
+import { postJson, type LinkCredential } from './credential.js';
 
 export interface AuditUploadConfig {
   gatewayUrl: string;
@@ -45,16 +45,8 @@ type UploadOutcome =
   | { kind: 'retry'; reason: string; retryAfterMs?: number };
 
 async function post(agent: Agent, config: AuditUploadConfig, credential: string, body: string, signal: AbortSignal): Promise<UploadOutcome> {
-  const url = linkUrl(config.gatewayUrl, AUDIT_PATH);
   try {
-    const res = await agent.request({
-      origin: url.origin,
-      path: url.pathname,
-      method: 'POST',
-      headers: { authorization: `Bearer ${credential}`, 'content-type': 'application/json' },
-      body,
-      signal,
-    });
+    const res = await postJson(agent, linkUrl(config.gatewayUrl, AUDIT_PATH), credential, body, signal);
     const text = await res.body.text();
     if (res.statusCode === 401) return { kind: 'credential_invalid' };
     if (res.statusCode !== 200) return { kind: 'retry', reason: `status ${res.statusCode}`, retryAfterMs: parseRetryAfter(res.headers['retry-after'], Date.now()) };
@@ -125,18 +117,9 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
         }
         const body = JSON.stringify(auditUploadSchema.parse({ events: batch.map((b) => b.event), dropped }));
         lastSent = Date.now();
-        const cut = new AbortController();
-        const off = credential.onChange(() => {
-          if (credential.halted) cut.abort();
-        });
-        let outcome: UploadOutcome;
-        try {
-          outcome = await post(agent, config, read.credential, body, AbortSignal.any([signal, cut.signal]));
-        } finally {
-          off();
-        }
+        const { cut, value: outcome } = await credential.unlessHalted(signal, (s) => post(agent, config, read.credential, body, s));
         if (signal.aborted) return 0;
-        if (cut.signal.aborted) return config.credentialRecheckMs;
+        if (cut) return config.credentialRecheckMs;
         switch (outcome.kind) {
           case 'credential_invalid':
             credential.halt(read.credential);

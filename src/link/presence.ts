@@ -7,7 +7,7 @@ import { linkUrl, PRESENCE_PATH, presenceSchema, type Presence } from '../data/l
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import type { LinkCredential } from './credential.js';
+import { postJson, type LinkCredential } from './credential.js';
 
 export type PartHealth = 'ok' | 'degraded' | 'down';
 
@@ -112,16 +112,8 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           return;
         }
         const body = await buildPresence(config, healthAgent, true, signal);
-        const url = linkUrl(config.gatewayUrl, PRESENCE_PATH);
         try {
-          const res = await agent.request({
-            origin: url.origin,
-            path: url.pathname,
-            method: 'POST',
-            headers: { authorization: `Bearer ${read.credential}`, 'content-type': 'application/json' },
-            body: JSON.stringify(body),
-            signal,
-          });
+          const res = await postJson(agent, linkUrl(config.gatewayUrl, PRESENCE_PATH), read.credential, JSON.stringify(body), signal);
           await res.body.dump().catch(() => undefined);
           if (res.statusCode === 401) {
             credential.halt(read.credential);
