@@ -151,15 +151,25 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
           signal,
           step,
           subscribeWake: (wake) => {
+            // In backoff the retry takes every spooled file anyway. Inside the gap after an
+            // upload, one wake at its end (the loop may be resting for the whole rescan).
+            let gapWake: NodeJS.Timeout | undefined;
             const onAdd = (): void => {
-              // Inside the gap the next step waits anyway; waking it would only spin.
-              if (Date.now() >= lastSent + config.minGapMs && attempt === 0) wake();
+              if (attempt > 0) return;
+              const wait = lastSent + config.minGapMs - Date.now();
+              if (wait <= 0) wake();
+              else
+                gapWake ??= setTimeout(() => {
+                  gapWake = undefined;
+                  wake();
+                }, wait);
             };
             watcher.on('add', onAdd);
             watcher.on('change', onAdd);
             const offCred = credential.onChange(wake);
             const offReload = onReload(wake);
             return () => {
+              clearTimeout(gapWake);
               watcher.off('add', onAdd);
               watcher.off('change', onAdd);
               offCred();
