@@ -27,6 +27,10 @@ export class AuditSpool {
   #count = 0;
   #dropped = 0;
   #failing = false;
+  /** The spool's names, oldest first, as last listed plus what was written since. */
+  #oldest: string[] = [];
+  /** How many more drops may use `#oldest` before the directory is listed again. */
+  #trusted = 0;
 
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
@@ -55,12 +59,14 @@ export class AuditSpool {
     try {
       const checked = auditEventSchema.parse(event);
       if (this.#count >= this.#config.maxEvents) await this.#makeRoom();
-      await atomicWrite(join(this.#config.dir, auditEventFileName(checked)), `${JSON.stringify(checked)}\n`, {
+      const name = auditEventFileName(checked);
+      await atomicWrite(join(this.#config.dir, name), `${JSON.stringify(checked)}\n`, {
         mode: 0o640,
         // Test-only: the crash test SIGKILLs the process here, half an event in a temp file.
         ...(hookEnabled('audit-pause-mid-write') ? { midWrite: () => this.#pauseMidWrite() } : {}),
       });
       this.#count += 1;
+      if (this.#trusted > 0) this.#oldest.push(name);
       if (this.#failing) this.#log.info('audit spool writable again');
       this.#failing = false;
     } catch (err) {
@@ -77,19 +83,36 @@ export class AuditSpool {
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
   }
 
-  /** Oldest first, down to one below the bound; the counter is persisted before the deletes so a crash over-counts, never under-counts. */
+  /**
+   * Oldest first, down to one below the bound. The directory is listed when the count
+   * reaches the bound; while it is really full (the link away), the listing is trusted for
+   * the next tenth of the bound, so a full spool costs a listing per ~1 000 calls, not per
+   * call. The counter is persisted before the deletes: a crash over-counts, never
+   * under-counts; so does a file the link had just uploaded (then the listing is redone).
+   */
   async #makeRoom(): Promise<void> {
-    const names = await listAuditSpool(this.#config.dir);
-    const excess = names.length - this.#config.maxEvents + 1;
+    const max = this.#config.maxEvents;
+    if (this.#trusted <= 0) {
+      this.#oldest = await listAuditSpool(this.#config.dir);
+      this.#count = this.#oldest.length;
+      this.#trusted = Math.max(1, Math.floor(max / 10));
+    }
+    const excess = this.#count - max + 1;
     if (excess <= 0) {
-      this.#count = names.length;
+      this.#trusted = 0;
       return;
     }
-    this.#dropped += excess;
+    this.#trusted -= 1;
+    const victims = this.#oldest.splice(0, excess);
+    this.#dropped += victims.length;
     await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
-    for (const name of names.slice(0, excess)) await unlink(join(this.#config.dir, name)).catch(() => undefined);
-    this.#count = names.length - excess;
-    this.#log.warn({ dropped: excess, droppedTotal: this.#dropped, maxEvents: this.#config.maxEvents }, 'audit spool full: oldest events dropped');
+    for (const name of victims) {
+      await unlink(join(this.#config.dir, name)).catch(() => {
+        this.#trusted = 0; // the link is taking files again: look before dropping more
+      });
+    }
+    this.#count -= victims.length;
+    this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
   }
 }
 

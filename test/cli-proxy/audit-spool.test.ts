@@ -77,3 +77,20 @@ t.test('open() removes a temp file a killed writer left, never a live one, and r
   t.same(readdirSync(dir).sort(), [live], 'the dead writer\'s temp is gone');
   t.equal(readFileSync(join(dir, live), 'utf8'), '{"id":"half');
 });
+
+t.test('a spool that stays full keeps exactly the newest events and counts every drop', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log } = memoryLogger();
+  const spool = new AuditSpool({ dir, maxEvents: 10 }, log);
+  await spool.open();
+  const events = Array.from({ length: 50 }, (_, i) => event(i));
+  for (const e of events) spool.record(e);
+  await spool.flush();
+  const kept = await Promise.all((await listAuditSpool(dir)).map((n) => readSpooledEvent(dir, n)));
+  t.same(
+    kept.map((k) => (k && 'event' in k ? k.event.id : undefined)),
+    events.slice(40).map((e) => e.id),
+    'the newest ten',
+  );
+  t.equal(await readDroppedCount(dir), 40);
+});
