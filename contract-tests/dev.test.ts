@@ -104,6 +104,9 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   const out = execFileSync('sh', ['-c', line], { encoding: 'utf8' });
   t.match(out, /"provider":"demo","tokenId":"tid_/, 'the demo API answered the shimmed CLI');
   t.notMatch(out, readFileSync(join(stateDir, 'cli-proxy', 'demo.token'), 'utf8').trim(), 'no token in the CLI output');
+  // The call is audited: the link part uploads its event and the demo Gateway logs it.
+  const audited = await dev.waitForLog((l) => l.msg === 'audit event received' && l.provider === 'demo', 15_000);
+  t.match(audited, { method: 'GET', status: 200, path: /^\/[^?]*$/ }, 'dev shows the event the demo Gateway received');
 
   // A second run reuses the same binding id, so a configured agent keeps working.
   await dev.stop('SIGTERM');

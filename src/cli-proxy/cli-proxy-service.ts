@@ -4,6 +4,7 @@ import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
 import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
+import { AuditSpool, type AuditSpoolConfig } from './audit-spool.js';
 import { createCliProxyHandler } from './handler.js';
 
 export interface CliProxyConfig {
@@ -17,21 +18,47 @@ export interface CliProxyConfig {
   agentUsersFile?: string | undefined;
   /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
   tokenWaitMs?: number;
+  /** The audit spool (SPEC §9); undefined: no audit events. */
+  audit?: AuditSpoolConfig | undefined;
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
 export function createCliProxyService(deps: { config: CliProxyConfig; onListening?: (port: number) => void }): Service {
   const { config } = deps;
-  return createLoopbackService<Catalog>({
+  let spool: AuditSpool | undefined;
+  const proxy = createLoopbackService<Catalog>({
     name: 'cli-proxy',
     listen: config.listen,
     upstream: config.upstream,
     shutdownGraceMs: config.shutdownGraceMs,
     config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
     handler: (d) =>
-      createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
+      createCliProxyHandler({
+        ...d,
+        catalog: d.config,
+        bodyLimit: config.bodyLimit,
+        tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS,
+        rotation: new TokenRotationWait(),
+        audit: spool,
+      }),
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
     agentUsersFile: config.agentUsersFile,
+    peerUids: config.audit !== undefined,
   });
+  const audit = config.audit;
+  if (!audit) return proxy;
+  return {
+    name: proxy.name,
+    async run(ctx) {
+      spool = new AuditSpool(audit, ctx.log.child({ audit: true }));
+      await spool.open();
+      try {
+        await proxy.run(ctx);
+      } finally {
+        // The drained requests' events are queued behind the last response: write them before exit.
+        await spool.flush();
+      }
+    },
+  };
 }

@@ -11,6 +11,8 @@ import { readTokenFile } from '../token/token-file.js';
 import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import type { Catalog } from '../data/catalog.js';
+import type { AuditSpool } from './audit-spool.js';
+import type { AuditEvent } from '../data/audit-event.js';
 import { injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
 import { rewriteLocation, routeCli, upstreamUrl } from './route.js';
 
@@ -21,6 +23,8 @@ export interface CliProxyDeps extends PipelineDeps {
   /** Shared by every request: one watch per token file in rotation. */
   rotation: TokenRotationWait;
   tokenWaitMs: number;
+  /** With a spool, one audit event per request to a known provider (SPEC §9). */
+  audit?: AuditSpool | undefined;
 }
 
 /**
@@ -38,7 +42,36 @@ const STREAMED_NOT_RETRIED =
   'The upstream rejected a token that renewal has since replaced; this request streamed its body, so it cannot be sent again: run the command again.';
 
 export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
-  return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
+  const { audit } = deps;
+  if (!audit) return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
+  return createRequestPipeline(deps, (req, res, rec) => {
+    const peer = deps.peerUid?.(req);
+    const time = new Date().toISOString();
+    const audited: { provider?: string } = {};
+    // Registered after the pipeline's own close listener, so status and duration are set.
+    res.once('close', () => {
+      // A request cut before any answer has no status; 499 as nginx logs it.
+      const status = res.headersSent ? res.statusCode : 499;
+      if (audited.provider !== undefined) void auditEvent(audited.provider, time, status, rec, peer).then((e) => audit.record(e));
+    });
+    return handle(deps, req, res, rec, audited);
+  });
+}
+
+/** The shape of the call from its access record; `rec.path` never holds the query. */
+async function auditEvent(provider: string, time: string, status: number, rec: AccessRecord, peer: Promise<number | undefined> | undefined): Promise<AuditEvent> {
+  return {
+    id: rec.reqId,
+    time,
+    provider,
+    method: rec.method,
+    path: typeof rec.path === 'string' ? rec.path : '/',
+    status,
+    bytesIn: rec.bytesIn,
+    bytesOut: rec.bytesOut,
+    durationMs: typeof rec.durationMs === 'number' ? rec.durationMs : 0,
+    peerUid: (await peer?.catch(() => undefined)) ?? null,
+  };
 }
 
 /** Counts request bytes on their way upstream and fails the upload past the limit. */
@@ -59,7 +92,7 @@ class BodyLimit extends Transform {
   }
 }
 
-async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> {
+async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, audited?: { provider?: string }): Promise<void> {
   const r = routeCli(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -75,6 +108,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const providers = deps.catalog.current.value;
   const provider = Object.hasOwn(providers, r.provider) ? providers[r.provider] : undefined;
   if (!provider) throw new AppError('unknown_provider');
+  if (audited) audited.provider = r.provider;
   if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed', undefined, { allow: ALLOWED_METHODS });
 
   const basePath = new URL(provider.upstream).pathname.replace(/\/+$/, '');

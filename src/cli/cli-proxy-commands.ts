@@ -12,7 +12,8 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
-import { addServerOptions, layoutFrom, loggerFrom, serverOptions } from './options.js';
+import { addServerOptions, layoutFrom, loggerFrom, parseOption, positiveInt, serverOptions } from './options.js';
+import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 
 export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
 export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
@@ -39,13 +40,23 @@ export function registerCliProxyCommands(program: Command): void {
       .command('cli-proxy')
       .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
       .option('--state-dir <dir>', 'state root')
-      .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)'),
+      .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
+      .option('--audit-dir <dir>', 'spool of native_cli audit events, uploaded by the link (default: <state>/audit)')
+      .option('--audit-max-events <n>', 'spool bound: past it the oldest events are dropped and counted', String(DEFAULT_AUDIT_MAX_EVENTS))
+      .option('--no-audit', 'write no audit events'),
     { listen: DEFAULT_CLI_PROXY_LISTEN, bodyLimit: DEFAULT_CLI_BODY_LIMIT },
-  ).action(async (opts: Record<string, string | undefined>) => {
+  ).action(async (opts: Record<string, string | boolean | undefined>) => {
     const log = loggerFrom(opts);
-    const providersPath = layoutFrom(opts).providers;
+    const layout = layoutFrom(opts);
+    const audit =
+      opts.audit === false
+        ? undefined
+        : {
+            dir: typeof opts.auditDir === 'string' ? resolve(opts.auditDir) : layout.audit,
+            maxEvents: parseOption(positiveInt, opts.auditMaxEvents, '--audit-max-events'),
+          };
     const service = createCliProxyService({
-      config: { ...serverOptions(opts), providersPath },
+      config: { ...serverOptions(opts), providersPath: layout.providers, audit },
     });
     await runServices([service], { log, notifier: createNotifier({ log }) });
   });

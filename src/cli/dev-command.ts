@@ -27,6 +27,8 @@ import { defaultStatePollerConfig } from '../link/state-poller.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
+import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
+import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { installShims } from '../shims/install.js';
@@ -125,7 +127,13 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
 
   // HostControl installs its own validator: only enrolled hosts may renew.
   const authority = new RenewAuthority({ credential: () => false, tokenLifetimeMs: lifetimeMs, tokenPrefix: 'demo_' });
-  const hostControl = new HostControl({ authority });
+  const hostControl = new HostControl({
+    authority,
+    // What the platform would show for shell CLI calls (SPEC §9): one line per event.
+    onAudit: (_host, events) => {
+      for (const e of events) log.info({ part: 'demo-gateway', provider: e.provider, method: e.method, path: e.path, status: e.status, peerUid: e.peerUid }, 'audit event received');
+    },
+  });
   const gateway = new DemoGateway(log.child({ part: 'demo-gateway' }), authority, hostControl);
   const connections = new DemoConnections(hostControl, () => gateway.baseUrl, bindingIds);
   gateway.serveDemoControl(connections);
@@ -176,6 +184,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
         credentialPath,
         poller: { ...defaultStatePollerConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root },
         presence: { ...defaultPresenceConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root, hostId: enrolled.hostId, version, health },
+        audit: { ...defaultAuditUploadConfig, gatewayUrl: gateway.baseUrl, dir: layout.audit, minGapMs: 500 },
       },
       log,
     );
@@ -206,7 +215,14 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       say,
     });
     const cliProxy = createCliProxyService({
-      config: { listen: cliListen, providersPath: layout.providers, bodyLimit: DEFAULT_CLI_BODY_LIMIT, upstream: defaultUpstreamOptions, shutdownGraceMs: 2_000 },
+      config: {
+        listen: cliListen,
+        providersPath: layout.providers,
+        bodyLimit: DEFAULT_CLI_BODY_LIMIT,
+        upstream: defaultUpstreamOptions,
+        shutdownGraceMs: 2_000,
+        audit: { dir: layout.audit, maxEvents: DEFAULT_AUDIT_MAX_EVENTS },
+      },
       onListening: (port) => {
         cliProxyBase = `http://${hostForUrl(cliListen.host)}:${port}`;
         health['cli-proxy'] = `${cliProxyBase}/healthz`;
@@ -238,6 +254,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
           'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
           `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
           `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
+          '  each call is audited: the demo Gateway logs "audit event received" (provider, method, path, status)',
           'Give an agent the shim directory:',
           ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
           '',

@@ -5,6 +5,7 @@ import { ConfigError } from '../errors.js';
 import { upstreamUrlSchema } from '../data/fields.js';
 import { hostIdSchema } from '../data/link-wire.js';
 import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
+import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createLinkServices } from '../link/link.js';
 import { readPairingCode } from '../link/pairing-code.js';
 import { defaultPresenceConfig } from '../link/presence.js';
@@ -33,6 +34,9 @@ export function addLinkOptions(cmd: Command): Command {
     .option('--presence-interval-ms <n>', 'regular presence report (jittered ±10 %)', String(defaultPresenceConfig.intervalMs))
     .option('--forwarder-health <url>', "the forwarder's /healthz (loopback)", 'http://127.0.0.1:14323/healthz')
     .option('--cli-proxy-health <url>', "the cli-proxy's /healthz (loopback)", 'http://127.0.0.1:14324/healthz')
+    .option('--audit-dir <dir>', 'the native_cli audit spool the cli-proxy writes (default: <state>/audit)')
+    .option('--no-audit', 'do not upload native_cli audit events')
+    .option('--audit-min-gap-ms <n>', 'least time between two audit uploads (a burst goes up as one batch)', String(defaultAuditUploadConfig.minGapMs))
     .addOption(logLevelOption());
 }
 
@@ -95,6 +99,20 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
               'cli-proxy': parseOption(loopbackHttpUrl, opts.cliProxyHealth, '--cli-proxy-health'),
             },
           },
+          audit:
+            opts.audit === false
+              ? undefined
+              : {
+                  ...defaultAuditUploadConfig,
+                  gatewayUrl,
+                  dir: opts.auditDir ? resolve(opts.auditDir as string) : layout.audit,
+                  backoff: {
+                    baseMs: parseOption(positiveInt, opts.linkBackoffBaseMs, '--link-backoff-base-ms'),
+                    capMs: parseOption(positiveInt, opts.linkBackoffCapMs, '--link-backoff-cap-ms'),
+                  },
+                  minGapMs: parseOption(positiveInt, opts.auditMinGapMs, '--audit-min-gap-ms'),
+                  credentialRecheckMs: parseOption(positiveInt, opts.credentialRecheckMs, '--credential-recheck-ms'),
+                },
         },
         log,
       ),

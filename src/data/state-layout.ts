@@ -36,6 +36,8 @@ export interface StateLayout {
   providerToken: (provider: string) => string;
   /** The hand-off directory between renew fetch and renew apply (SPEC §4). */
   handoff: string;
+  /** The native_cli audit spool (SPEC §9): the cli-proxy writes, the link uploads and deletes. */
+  audit: string;
   /** renew fetch's own state (requestIds in flight); nobody else reads it. */
   fetchPrivate: string;
   /** Where a non-root user's shims go by default. */
@@ -55,6 +57,7 @@ export function stateLayout(stateDir: string): StateLayout {
     providers: join(cliProxyDir, 'providers.json'),
     providerToken: (provider) => join(cliProxyDir, `${provider}.token`),
     handoff: join(root, 'handoff'),
+    audit: join(root, 'audit'),
     fetchPrivate: join(root, 'renew-fetch'),
     shims: join(root, 'shims'),
   };

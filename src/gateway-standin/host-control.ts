@@ -7,6 +7,7 @@ import {
 } from '../data/desired-state.js';
 import { STATE_POLL_MAX_MS, type EnrollOk, type EnrollRequest, type LinkError, type Presence } from '../data/link-wire.js';
 import { cliSlot, instanceSlot } from '../data/renew-wire.js';
+import type { AuditEvent, AuditUpload } from '../data/audit-event.js';
 import type { CredentialValidator, RenewAuthority } from './authority.js';
 
 /**
@@ -43,11 +44,13 @@ export interface HostControlOptions {
   /** Credentials accepted without enrolment (dev's own, tests that skip enrol), by hostId. */
   staticHosts?: Readonly<Record<string, string>>;
   now?: () => number;
+  /** Called with the events an audit upload stored for the first time (dev shows them). */
+  onAudit?: (hostId: string, events: readonly AuditEvent[]) => void;
 }
 
 export interface LinkResult {
   status: number;
-  body?: EnrollOk | LinkError | DesiredState;
+  body?: EnrollOk | LinkError | DesiredState | { accepted: number };
   headers?: Record<string, string>;
 }
 
@@ -73,6 +76,15 @@ export interface HostControlStats {
   codeInvalid: number;
   statePolls: number;
   unauthorized: number;
+  auditUploads: number;
+  /** Events received again after they were stored (a lost answer, a killed link): not stored twice. */
+  auditRepeats: number;
+}
+
+export interface AuditRecord {
+  hostId: string;
+  at: number;
+  event: AuditEvent;
 }
 
 interface CodeRecord {
@@ -106,15 +118,22 @@ export class HostControl {
   readonly #hosts = new Map<string, HostRecord>();
   #state: DesiredState = { version: 1, bindings: {}, providers: {} };
   readonly #listeners = new Set<() => void>();
-  readonly #stats: HostControlStats = { enrollCalls: 0, enrolled: 0, enrollReplays: 0, codeInvalid: 0, statePolls: 0, unauthorized: 0 };
+  readonly #stats: HostControlStats = { enrollCalls: 0, enrolled: 0, enrollReplays: 0, codeInvalid: 0, statePolls: 0, unauthorized: 0, auditUploads: 0, auditRepeats: 0 };
   /** Every presence report received, oldest first, for tests to read. */
   readonly presences: PresenceRecord[] = [];
+  /** Every audit event stored, once each, in the order first received. */
+  readonly auditEvents: AuditRecord[] = [];
+  /** By host: the largest `dropped` count it reported (the host's counter only grows). */
+  readonly auditDropped = new Map<string, number>();
+  readonly #auditIds = new Set<string>();
+  readonly #onAudit: HostControlOptions['onAudit'];
 
   constructor(options: HostControlOptions) {
     this.#authority = options.authority;
     this.longPollMs = options.longPollMs ?? STATE_POLL_MAX_MS;
     this.#codeTtlMs = options.pairingCodeTtlMs ?? 10 * 60_000;
     this.#now = options.now ?? Date.now;
+    this.#onAudit = options.onAudit;
     if (!(this.longPollMs > 0 && this.longPollMs <= STATE_POLL_MAX_MS)) throw new RangeError(`longPollMs must be in (0, ${STATE_POLL_MAX_MS}]`);
     for (const [hostId, credential] of Object.entries(options.staticHosts ?? {})) this.#addHost(hostId, credential, null, null);
     this.#authority.setCredential(this.validator);
@@ -253,6 +272,30 @@ export class HostControl {
     if (hostId === undefined) return this.#unauthorized();
     this.presences.push({ hostId, at: this.#now(), body });
     return { status: 204 };
+  }
+
+  /**
+   * SPEC §9: stores each event once, keyed by host and event id (a repeat is accepted and
+   * counted, not stored again), so the host may resend whatever it is unsure of.
+   */
+  audit(bearer: string | undefined, body: AuditUpload): LinkResult {
+    const hostId = this.hostOf(bearer);
+    if (hostId === undefined) return this.#unauthorized();
+    this.#stats.auditUploads += 1;
+    const fresh: AuditEvent[] = [];
+    for (const event of body.events) {
+      const key = `${hostId}/${event.id}`;
+      if (this.#auditIds.has(key)) {
+        this.#stats.auditRepeats += 1;
+        continue;
+      }
+      this.#auditIds.add(key);
+      this.auditEvents.push({ hostId, at: this.#now(), event });
+      fresh.push(event);
+    }
+    this.auditDropped.set(hostId, Math.max(this.auditDropped.get(hostId) ?? 0, body.dropped));
+    if (fresh.length > 0) this.#onAudit?.(hostId, fresh);
+    return { status: 200, body: { accepted: body.events.length }, headers: NO_STORE };
   }
 
   stats(): HostControlStats {

@@ -12,6 +12,7 @@ import {
   type EnrollRequest,
   type Presence,
 } from '../data/link-wire.js';
+import { AUDIT_BODY_LIMIT, AUDIT_PATH, auditUploadSchema, type AuditUpload } from '../data/audit-event.js';
 import { bearerOf, isJsonContentType } from './gateway-http.js';
 import type { HostControl, LinkResult } from './host-control.js';
 
@@ -23,6 +24,7 @@ import type { HostControl, LinkResult } from './host-control.js';
  *   GET  /v1/host/state     400 bad_request (`after` not a non-negative integer); a missing
  *                           `after` is 0, so a new host gets the current state at once
  *   POST /v1/host/presence  400 bad_request, 413, 401, else 204
+ *   POST /v1/host/audit     400 bad_request, 413, 401, else 200 {"accepted": n} (SPEC §9)
  *   a wrong method          405 with Allow
  * Bodies are `{"error": "<code>"}`; no echo of the request, ever.
  */
@@ -31,7 +33,7 @@ export const ENROLL_BODY_LIMIT = 64 * 1024;
 /** A presence report lists every slot; 10 000 of them are about 1.5 MB. */
 export const PRESENCE_BODY_LIMIT = 4 * 1024 * 1024;
 
-export type HostEndpoint = 'enroll' | 'state' | 'presence';
+export type HostEndpoint = 'enroll' | 'state' | 'presence' | 'audit';
 
 export type HostParse =
   | { kind: 'not_host' }
@@ -39,12 +41,14 @@ export type HostParse =
   | { kind: 'answer'; endpoint: HostEndpoint; result: LinkResult }
   | { kind: 'enroll'; body: EnrollRequest }
   | { kind: 'state'; bearer: string | undefined; after: number }
-  | { kind: 'presence'; bearer: string | undefined; body: Presence };
+  | { kind: 'presence'; bearer: string | undefined; body: Presence }
+  | { kind: 'audit'; bearer: string | undefined; body: AuditUpload };
 
 const ROUTES: Record<string, { endpoint: HostEndpoint; method: 'GET' | 'POST' }> = {
   [ENROLL_PATH]: { endpoint: 'enroll', method: 'POST' },
   [STATE_PATH]: { endpoint: 'state', method: 'GET' },
   [PRESENCE_PATH]: { endpoint: 'presence', method: 'POST' },
+  [AUDIT_PATH]: { endpoint: 'audit', method: 'POST' },
 };
 
 function error(status: number, code: string, headers?: Record<string, string>): LinkResult {
@@ -91,6 +95,10 @@ export async function parseHostHttp(req: IncomingMessage): Promise<HostParse> {
     case 'presence': {
       const r = await readJsonBody(req, endpoint, presenceSchema, PRESENCE_BODY_LIMIT);
       return r.ok ? { kind: 'presence', bearer: bearerOf(req), body: r.value } : r.parse;
+    }
+    case 'audit': {
+      const r = await readJsonBody(req, endpoint, auditUploadSchema, AUDIT_BODY_LIMIT);
+      return r.ok ? { kind: 'audit', bearer: bearerOf(req), body: r.value } : r.parse;
     }
     case 'state': {
       req.resume();
@@ -156,6 +164,9 @@ export async function handleHostHttp(control: HostControl, req: IncomingMessage,
       return true;
     case 'presence':
       sendLinkResult(res, control.presence(parse.bearer, parse.body));
+      return true;
+    case 'audit':
+      sendLinkResult(res, control.audit(parse.bearer, parse.body));
       return true;
     case 'state':
       await answerStatePoll(control, res, parse.bearer, parse.after);

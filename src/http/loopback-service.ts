@@ -37,6 +37,8 @@ export interface LoopbackServiceSpec<T> {
    * and the link's DynamicUser; a missing or empty file leaves only those (fail closed).
    */
   agentUsersFile?: string | undefined;
+  /** Read each connection's peer UID even without `allowedUids` (the cli-proxy's audit names it). */
+  peerUids?: boolean | undefined;
 }
 
 /**
@@ -92,8 +94,12 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const allowed = new WeakMap<Socket, Promise<boolean>>();
   const checked = spec.allowedUids !== undefined || spec.agentUsersFile !== undefined;
   const peerAllowed = checked ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false) : undefined;
+  // The audit names each request's peer even where nobody is refused.
+  const readUids = checked || spec.peerUids === true;
+  const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
+  const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
   const server = createLoopbackServer(
-    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
+    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf }),
   );
   let access: PeerAccess | undefined;
   if (checked) {
@@ -108,13 +114,19 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     const peers = access;
     r.cleanups.push(() => peers.close());
     await peers.start();
+  }
+  if (readUids) {
+    const peers = access;
     const { lookup, method, skipped, close } = await choosePeerUidLookup();
     r.cleanups.push(close);
     if (method === 'sock_diag') log.info({ method }, 'peer check ready');
     else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
-      const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then(async (uid) => {
+      const uid = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0);
+      uidOf.set(socket, uid);
+      if (!peers) return;
+      const decision = uid.then(async (uid) => {
         const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
         if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');

@@ -36,6 +36,8 @@ export interface PipelineDeps {
   stopping: () => boolean;
   /** With `allowedUids` set: whether this connection's peer UID was allowed (decided once per connection). */
   peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
+  /** With `peerUids` or `allowedUids` set: the UID of this connection's peer (read once per connection). */
+  peerUid?: ((req: IncomingMessage) => Promise<number | undefined>) | undefined;
 }
 
 export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord) => Promise<void>;

@@ -1,3 +1,4 @@
+import type { Agent, Dispatcher } from 'undici';
 import type { Logger } from '../log/logger.js';
 import { credentialDigest, credentialGate } from '../net/credential-gate.js';
 import { readTokenFile } from '../token/token-file.js';
@@ -51,9 +52,38 @@ export class LinkCredential {
     for (const fn of [...this.#listeners]) fn();
   }
 
+  /**
+   * Runs one request with a signal that also aborts when the link halts (a 401 to another
+   * of its services): a request in flight is cut, not left to run out. `cut` says it was.
+   */
+  async unlessHalted<T>(signal: AbortSignal, request: (signal: AbortSignal) => Promise<T>): Promise<{ cut: boolean; value: T }> {
+    const cut = new AbortController();
+    const off = this.onChange(() => {
+      if (this.halted) cut.abort();
+    });
+    try {
+      const value = await request(AbortSignal.any([signal, cut.signal]));
+      return { cut: cut.signal.aborted, value };
+    } finally {
+      off();
+    }
+  }
+
   /** Calls `fn` on a halt or a resume; returns the unsubscribe. */
   onChange(fn: () => void): () => void {
     this.#listeners.add(fn);
     return () => this.#listeners.delete(fn);
   }
+}
+
+/** A JSON POST to a link endpoint with the host credential (presence, audit). */
+export function postJson(agent: Agent, url: URL, credential: string, body: string, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+  return agent.request({
+    origin: url.origin,
+    path: url.pathname,
+    method: 'POST',
+    headers: { authorization: `Bearer ${credential}`, 'content-type': 'application/json' },
+    body,
+    signal,
+  });
 }

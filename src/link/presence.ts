@@ -9,7 +9,7 @@ import { presenceProblems, type PartHealth } from '../data/problem-codes.js';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import type { LinkCredential } from './credential.js';
+import { postJson, type LinkCredential } from './credential.js';
 
 export type { PartHealth };
 
@@ -109,16 +109,8 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           return;
         }
         const body = await buildPresence(config, healthAgent, true, signal, () => slotCache.current());
-        const url = linkUrl(config.gatewayUrl, PRESENCE_PATH);
         try {
-          const res = await agent.request({
-            origin: url.origin,
-            path: url.pathname,
-            method: 'POST',
-            headers: { authorization: `Bearer ${read.credential}`, 'content-type': 'application/json' },
-            body: JSON.stringify(body),
-            signal,
-          });
+          const res = await postJson(agent, linkUrl(config.gatewayUrl, PRESENCE_PATH), read.credential, JSON.stringify(body), signal);
           await res.body.dump().catch(() => undefined);
           if (res.statusCode === 401) {
             credential.halt(read.credential);

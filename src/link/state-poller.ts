@@ -127,18 +127,9 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
         }
         unusableLogged = false;
         // A 401 to presence halts the link: the poll in flight is cut, not left to run out.
-        const cut = new AbortController();
-        const off = credential.onChange(() => {
-          if (credential.halted) cut.abort();
-        });
-        let outcome: PollOutcome;
-        try {
-          outcome = await pollOnce(agent, config, read.credential, after, AbortSignal.any([signal, cut.signal]));
-        } finally {
-          off();
-        }
+        const { cut, value: outcome } = await credential.unlessHalted(signal, (s) => pollOnce(agent, config, read.credential, after, s));
         if (signal.aborted) return 0;
-        if (cut.signal.aborted) return config.credentialRecheckMs;
+        if (cut) return config.credentialRecheckMs;
         switch (outcome.kind) {
           case 'unchanged':
             attempt = 0;

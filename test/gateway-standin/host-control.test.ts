@@ -145,3 +145,16 @@ t.test('presence is stored under the credential’s host', async (t) => {
   t.equal(control.presences.length, 1);
   t.equal(control.presences[0]?.hostId, 'static-host');
 });
+
+t.test('audit: stored once per event id, a repeat accepted and counted; dropped keeps the largest; 401 without a live credential', async (t) => {
+  const { control } = rig();
+  const event = (id: string) => ({ id, time: '2026-01-01T00:00:00.000Z', provider: 'saas', method: 'GET', path: '/x', status: 200, bytesIn: 0, bytesOut: 1, durationMs: 1, peerUid: 0 });
+  const a = event(RID1);
+  const b = event(RID2);
+  t.same(control.audit('static-cred', { events: [a], dropped: 2 }).body, { accepted: 1 });
+  t.same(control.audit('static-cred', { events: [a, b], dropped: 1 }).body, { accepted: 2 }, 'a repeat counts as accepted');
+  t.same(control.auditEvents.map((r) => r.event.id), [RID1, RID2], 'each stored once');
+  t.equal(control.stats().auditRepeats, 1);
+  t.equal(control.auditDropped.get('static-host'), 2, 'the largest dropped count reported');
+  t.equal(control.audit('wrong', { events: [a], dropped: 0 }).status, 401);
+});

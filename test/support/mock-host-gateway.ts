@@ -4,6 +4,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { RenewAuthority, type RenewAuthorityOptions } from '../../src/gateway-standin/authority.js';
 import { handleRenewHttp } from '../../src/gateway-standin/gateway-http.js';
 import { HostControl, type LinkResult } from '../../src/gateway-standin/host-control.js';
+import type { AuditUpload } from '../../src/data/audit-event.js';
 import { answerStatePoll, parseHostHttp, sendLinkResult, type HostEndpoint } from '../../src/gateway-standin/host-http.js';
 
 /**
@@ -19,9 +20,11 @@ import { answerStatePoll, parseHostHttp, sendLinkResult, type HostEndpoint } fro
  *   status5xx {status}        that status (default 503); nothing committed
  *   status429 {retryAfterS}   429 with Retry-After (seconds or an HTTP date)
  *   dropBeforeCommit          destroy the socket before HostControl sees the request
- *   dropAfterCommit           enrol/presence: commit, then destroy the socket (lost answer);
+ *   dropAfterCommit           enrol/presence/audit: commit, then destroy the socket (lost answer);
  *                             state: a long poll cut while it waits (no answer ever)
  *   hang                      never answer (the socket stays open until close())
+ *   commitThenHang            audit: store the events, then never answer (a link killed
+ *                             mid-batch, or timing out, resends them)
  *   notJson                   200 with an HTML body
  *   badSchema                 200 with JSON that fails the endpoint's answer schema
  *   body {body}               200 with this JSON body (crafted states: see `craftedStates`)
@@ -36,6 +39,7 @@ export type HostFault =
   | { kind: 'dropBeforeCommit' }
   | { kind: 'dropAfterCommit' }
   | { kind: 'hang' }
+  | { kind: 'commitThenHang' }
   | { kind: 'notJson' }
   | { kind: 'badSchema' }
   | { kind: 'body'; body: unknown };
@@ -103,6 +107,8 @@ export class MockHostGateway {
   readonly control: HostControl;
   readonly requests: HostRequestRecord[] = [];
   readonly faultsFired: Partial<Record<HostFaultKind, number>> = {};
+  /** Every schema-valid audit upload body, as received (the secret-grep test reads them). */
+  readonly auditBodies: AuditUpload[] = [];
   port = 0;
   private readonly server: Server;
   private readonly sockets = new Set<Socket>();
@@ -208,6 +214,10 @@ export class MockHostGateway {
       case 'presence':
         rec.endpoint = 'presence';
         break;
+      case 'audit':
+        rec.endpoint = 'audit';
+        this.auditBodies.push(parse.body);
+        break;
     }
     const endpoint = rec.endpoint;
     const fault = this.takeFault(endpoint);
@@ -217,6 +227,7 @@ export class MockHostGateway {
     const commit = async (): Promise<void> => {
       if (parse.kind === 'enroll') this.send(res, rec, this.control.enroll(parse.body));
       else if (parse.kind === 'presence') this.send(res, rec, this.control.presence(parse.bearer, parse.body));
+      else if (parse.kind === 'audit') this.send(res, rec, this.control.audit(parse.bearer, parse.body));
       else if (parse.kind === 'state') {
         await answerStatePoll(this.control, res, parse.bearer, parse.after);
         rec.outcome = res.writableEnded ? res.statusCode : 'client_gone';
@@ -238,6 +249,7 @@ export class MockHostGateway {
         rec.outcome = 'dropped';
         if (parse.kind === 'enroll') this.control.enroll(parse.body);
         else if (parse.kind === 'presence') this.control.presence(parse.bearer, parse.body);
+        else if (parse.kind === 'audit') this.control.audit(parse.bearer, parse.body);
         else {
           // A long poll cut while held: the client has waited, then loses the connection.
           setImmediate(() => req.socket.destroy());
@@ -247,6 +259,10 @@ export class MockHostGateway {
         return;
       case 'hang':
         rec.outcome = 'hang';
+        return;
+      case 'commitThenHang':
+        rec.outcome = 'hang';
+        if (parse.kind === 'audit') this.control.audit(parse.bearer, parse.body);
         return;
       case 'notJson':
         rec.outcome = 200;

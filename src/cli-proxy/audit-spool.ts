@@ -1,0 +1,118 @@
+import { mkdir, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import { auditEventFileName, auditEventSchema, DROPPED_FILE, listAuditSpool, readDroppedCount, type AuditEvent } from '../data/audit-event.js';
+import { atomicWrite, sweepStaleTemps } from '../fs/atomic-write.js';
+import type { Logger } from '../log/logger.js';
+import { hookEnabled } from '../service/test-hooks.js';
+
+export interface AuditSpoolConfig {
+  dir: string;
+  /** The bound: past it the oldest events are deleted and counted in dropped.json. */
+  maxEvents: number;
+}
+
+export const DEFAULT_AUDIT_MAX_EVENTS = 10_000;
+
+/**
+ * The cli-proxy's side of the audit spool (SPEC §9): one atomic file per event, 0640 in a
+ * setgid directory so the link (group agent-connectors-renew) can read and delete it.
+ * Writes are queued one after the other, after the response: a slow disk never delays a
+ * CLI call, and a failed write costs that event only (logged), never the call.
+ */
+export class AuditSpool {
+  readonly #config: AuditSpoolConfig;
+  readonly #log: Logger;
+  #tail: Promise<void> = Promise.resolve();
+  /** An upper bound on the files on disk: the link deletes behind our back, so a full count is re-checked. */
+  #count = 0;
+  #dropped = 0;
+  #failing = false;
+  /** The spool's names, oldest first, as last listed plus what was written since. */
+  #oldest: string[] = [];
+  /** How many more drops may use `#oldest` before the directory is listed again. */
+  #trusted = 0;
+
+  constructor(config: AuditSpoolConfig, log: Logger) {
+    this.#config = config;
+    this.#log = log;
+  }
+
+  /** Creates the directory if missing, removes what a killed writer left, reads the counters. */
+  async open(): Promise<void> {
+    await mkdir(this.#config.dir, { recursive: true, mode: 0o2770 });
+    const swept = await sweepStaleTemps(this.#config.dir);
+    if (swept.length > 0) this.#log.info({ removed: swept.length }, 'audit spool: removed partial writes of a killed process');
+    this.#count = (await listAuditSpool(this.#config.dir)).length;
+    this.#dropped = await readDroppedCount(this.#config.dir);
+  }
+
+  record(event: AuditEvent): void {
+    this.#tail = this.#tail.then(() => this.#write(event));
+  }
+
+  /** Resolves once every recorded event is on disk (or has failed): for shutdown. */
+  async flush(): Promise<void> {
+    await this.#tail;
+  }
+
+  async #write(event: AuditEvent): Promise<void> {
+    try {
+      const checked = auditEventSchema.parse(event);
+      if (this.#count >= this.#config.maxEvents) await this.#makeRoom();
+      const name = auditEventFileName(checked);
+      await atomicWrite(join(this.#config.dir, name), `${JSON.stringify(checked)}\n`, {
+        mode: 0o640,
+        // Test-only: the crash test SIGKILLs the process here, half an event in a temp file.
+        ...(hookEnabled('audit-pause-mid-write') ? { midWrite: () => this.#pauseMidWrite() } : {}),
+      });
+      this.#count += 1;
+      if (this.#trusted > 0) this.#oldest.push(name);
+      if (this.#failing) this.#log.info('audit spool writable again');
+      this.#failing = false;
+    } catch (err) {
+      // Once per streak: a full disk must not turn every CLI call into an error line.
+      if (!this.#failing) this.#log.error({ err: { code: (err as NodeJS.ErrnoException).code, message: (err as Error).message } }, 'audit event not spooled');
+      this.#failing = true;
+    }
+  }
+
+  #pauseMidWrite(): void {
+    // The logger writes synchronously (pending access lines first), so the test sees both.
+    this.#log.warn('test hook: audit write paused mid-file');
+    // Blocks this thread for good: the test kills the process here.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+  }
+
+  /**
+   * Oldest first, down to one below the bound. The directory is listed when the count
+   * reaches the bound; while it is really full (the link away), the listing is trusted for
+   * the next tenth of the bound, so a full spool costs a listing per ~1 000 calls, not per
+   * call. The counter is persisted before the deletes: a crash over-counts, never
+   * under-counts; so does a file the link had just uploaded (then the listing is redone).
+   */
+  async #makeRoom(): Promise<void> {
+    const max = this.#config.maxEvents;
+    if (this.#trusted <= 0) {
+      this.#oldest = await listAuditSpool(this.#config.dir);
+      this.#count = this.#oldest.length;
+      this.#trusted = Math.max(1, Math.floor(max / 10));
+    }
+    const excess = this.#count - max + 1;
+    if (excess <= 0) {
+      this.#trusted = 0;
+      return;
+    }
+    this.#trusted -= 1;
+    const victims = this.#oldest.splice(0, excess);
+    this.#dropped += victims.length;
+    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
+    for (const name of victims) {
+      await unlink(join(this.#config.dir, name)).catch(() => {
+        this.#trusted = 0; // the link is taking files again: look before dropping more
+      });
+    }
+    this.#count -= victims.length;
+    this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+  }
+}
+

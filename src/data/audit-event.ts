@@ -1,0 +1,114 @@
+import { readdir, readFile, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { providerNameSchema } from './catalog.js';
+import { rfc3339Schema } from './renew-wire.js';
+
+/**
+ * The audit of native_cli calls (SPEC §9) and its on-disk spool, shared by the writer
+ * (the cli-proxy) and the reader (the link), which must not import each other.
+ *
+ *   POST {gw}/v1/host/audit  (Bearer) {"events": [<event>…], "dropped": <n>}
+ *                            200 {"accepted": <n>} | 401 | 429 / 5xx: retry
+ *
+ * An event is the shape of one call, never a value: no query string, header, body or
+ * token. The spool is one file per event, `<ms since epoch, 15 digits>-<id>.json`, so a
+ * directory listing sorted by name is oldest first, each file is written atomically (a
+ * reader sees a whole event or none) and deleting an accepted event is one unlink.
+ * `dropped.json` holds how many events the writer has dropped since the spool was made:
+ * a counter that only grows, so the upload can carry it on every batch and the Gateway
+ * keeps the largest; nobody has to reset it (two writers of one file would race).
+ */
+
+export const AUDIT_PATH = '/v1/host/audit';
+
+/** `rec.path` is capped at 200 characters by the cli-proxy; the schema holds it to that. */
+export const auditEventSchema = z.strictObject({
+  id: z.uuid(),
+  time: rfc3339Schema,
+  provider: providerNameSchema,
+  method: z.string().regex(/^[A-Z][A-Z-]{0,15}$/, 'method must be an upper-case HTTP method'),
+  /** The path below the provider's base, without query string or fragment. */
+  path: z
+    .string()
+    .min(1)
+    .max(200)
+    .regex(/^\/[^?#\s]*$/, 'path must start with / and hold no query, fragment or space'),
+  status: z.number().int().min(100).max(599),
+  bytesIn: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  bytesOut: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  durationMs: z.number().min(0).max(1e9),
+  /** The caller's UID (/proc/net/tcp); null when its socket was gone before it was read. */
+  peerUid: z.number().int().min(0).max(0xffffffff).nullable(),
+});
+
+export type AuditEvent = z.infer<typeof auditEventSchema>;
+
+/** Events per upload: ~300 bytes each, so a batch stays far below the Gateway's body limit. */
+export const AUDIT_BATCH_MAX = 500;
+export const AUDIT_BODY_LIMIT = 1024 * 1024;
+
+export const auditUploadSchema = z.strictObject({
+  events: z.array(auditEventSchema).min(1).max(AUDIT_BATCH_MAX),
+  /** Events the host dropped from a full spool since it was created (monotonic). */
+  dropped: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+});
+
+export type AuditUpload = z.infer<typeof auditUploadSchema>;
+
+/** The Gateway has stored the first `accepted` events of the batch (a repeated id counts). */
+export const auditAnswerSchema = z.object({ accepted: z.number().int().min(0) });
+
+export const droppedFileSchema = z.strictObject({ dropped: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER) });
+
+export const DROPPED_FILE = 'dropped.json';
+
+const EVENT_FILE = /^\d{15}-[0-9a-f-]{36}\.json$/;
+
+export function auditEventFileName(event: AuditEvent): string {
+  return `${String(Date.parse(event.time)).padStart(15, '0')}-${event.id}.json`;
+}
+
+/** The spooled events' file names, oldest first (temp files, starting with a dot, are not events). */
+export async function listAuditSpool(dir: string): Promise<string[]> {
+  const names = await readdir(dir).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return [] as string[];
+    throw err;
+  });
+  return names.filter((n) => EVENT_FILE.test(n)).sort();
+}
+
+export type SpooledEvent = { name: string; event: AuditEvent } | { name: string; invalid: string };
+
+/** Reads one spooled event; a file that vanished (dropped meanwhile) is undefined. */
+export async function readSpooledEvent(dir: string, name: string): Promise<SpooledEvent | undefined> {
+  let text: string;
+  try {
+    text = await readFile(join(dir, name), 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  try {
+    const parsed = auditEventSchema.safeParse(JSON.parse(text));
+    return parsed.success ? { name, event: parsed.data } : { name, invalid: 'not an audit event' };
+  } catch {
+    return { name, invalid: 'not JSON' };
+  }
+}
+
+export async function removeSpooledEvent(dir: string, name: string): Promise<void> {
+  await unlink(join(dir, name)).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'ENOENT') throw err;
+  });
+}
+
+/** The writer's dropped counter; 0 when there is none yet (or it cannot be read). */
+export async function readDroppedCount(dir: string): Promise<number> {
+  try {
+    const parsed = droppedFileSchema.safeParse(JSON.parse(await readFile(join(dir, DROPPED_FILE), 'utf8')));
+    return parsed.success ? parsed.data.dropped : 0;
+  } catch {
+    return 0;
+  }
+}

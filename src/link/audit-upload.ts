@@ -1,0 +1,186 @@
+import { mkdir } from 'node:fs/promises';
+import { watch } from 'chokidar';
+import { Agent } from 'undici';
+import {
+  AUDIT_BATCH_MAX,
+  AUDIT_PATH,
+  auditAnswerSchema,
+  auditUploadSchema,
+  listAuditSpool,
+  readDroppedCount,
+  readSpooledEvent,
+  removeSpooledEvent,
+  type AuditEvent,
+} from '../data/audit-event.js';
+import { linkUrl } from '../data/link-wire.js';
+import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
+import { runLoop } from '../service/loop.js';
+import type { Service } from '../service/service.js';
+import { postJson, type LinkCredential } from './credential.js';
+
+export interface AuditUploadConfig {
+  gatewayUrl: string;
+  /** The spool the cli-proxy writes (group-readable and -writable for the link). */
+  dir: string;
+  backoff: BackoffOptions;
+  /** Least time between two uploads: a burst of CLI calls goes up as one batch. */
+  minGapMs: number;
+  /** A look at the spool even without a file event (a missed inotify event, a dropped.json-only change). */
+  rescanMs: number;
+  credentialRecheckMs: number;
+  requestTimeoutMs: number;
+}
+
+export const defaultAuditUploadConfig = {
+  backoff: { baseMs: 1_000, capMs: 5 * 60_000 },
+  minGapMs: 2_000,
+  rescanMs: 60_000,
+  credentialRecheckMs: 30_000,
+  requestTimeoutMs: 30_000,
+};
+
+type UploadOutcome =
+  | { kind: 'accepted'; accepted: number }
+  | { kind: 'credential_invalid' }
+  | { kind: 'retry'; reason: string; retryAfterMs?: number };
+
+async function post(agent: Agent, config: AuditUploadConfig, credential: string, body: string, signal: AbortSignal): Promise<UploadOutcome> {
+  try {
+    const res = await postJson(agent, linkUrl(config.gatewayUrl, AUDIT_PATH), credential, body, signal);
+    const text = await res.body.text();
+    if (res.statusCode === 401) return { kind: 'credential_invalid' };
+    if (res.statusCode !== 200) return { kind: 'retry', reason: `status ${res.statusCode}`, retryAfterMs: parseRetryAfter(res.headers['retry-after'], Date.now()) };
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      return { kind: 'retry', reason: 'answer is not JSON' };
+    }
+    const answer = auditAnswerSchema.safeParse(json);
+    return answer.success ? { kind: 'accepted', accepted: answer.data.accepted } : { kind: 'retry', reason: 'answer is not {"accepted": n}' };
+  } catch (err) {
+    // The code only: an error's text can carry address details.
+    return { kind: 'retry', reason: `network: ${(err as { code?: string }).code ?? (signal.aborted ? 'aborted' : 'network_error')}` };
+  }
+}
+
+/**
+ * The link's audit upload (SPEC §9): oldest spooled events first, in batches, `POST
+ * /v1/host/audit`; an event file is deleted only once the Gateway has accepted it, so a
+ * crash, an outage or a lost answer means the same events (same ids) are sent again and
+ * the Gateway, idempotent by id, stores each once. 429 / 5xx / network: backoff with
+ * jitter, never sooner than Retry-After. 401 halts the link with the state poll and presence.
+ */
+export function createAuditUpload(config: AuditUploadConfig, credential: LinkCredential): Service {
+  return {
+    name: 'link-audit',
+    async run({ signal, log, onReload }) {
+      // tmpfiles.d makes it under systemd (2770, shared with the cli-proxy); elsewhere the first of the two to start does.
+      await mkdir(config.dir, { recursive: true, mode: 0o2770 });
+      const agent = new Agent({ headersTimeout: config.requestTimeoutMs, bodyTimeout: config.requestTimeoutMs, connect: { timeout: 10_000 } });
+      let attempt = 0;
+      let lastSent = 0;
+      let sentDropped = -1;
+      let unusableLogged = false;
+
+      const step = async (): Promise<number> => {
+        const read = credential.read();
+        if (read.kind === 'halted') return config.credentialRecheckMs;
+        if (read.kind === 'unusable') {
+          if (!unusableLogged) log.error({ problem: read.reason }, 'host credential unusable; audit upload waits for it');
+          unusableLogged = true;
+          return config.credentialRecheckMs;
+        }
+        unusableLogged = false;
+        const names = (await listAuditSpool(config.dir)).slice(0, AUDIT_BATCH_MAX);
+        const dropped = await readDroppedCount(config.dir);
+        if (names.length === 0 && dropped === sentDropped) return config.rescanMs;
+        const gap = lastSent + config.minGapMs - Date.now();
+        if (gap > 0) return gap;
+
+        const batch: Array<{ name: string; event: AuditEvent }> = [];
+        for (const name of names) {
+          const spooled = await readSpooledEvent(config.dir, name);
+          if (!spooled) continue;
+          if ('invalid' in spooled) {
+            // Written atomically by the cli-proxy, so this is not a half write: never sendable, never retried.
+            log.error({ file: name, problem: spooled.invalid }, 'audit spool file is not a valid event; removed');
+            await removeSpooledEvent(config.dir, name);
+            continue;
+          }
+          batch.push(spooled);
+        }
+        if (batch.length === 0) {
+          // Only dropped.json changed: the count goes up on the next batch, nothing to send alone.
+          sentDropped = dropped;
+          return 0;
+        }
+        const body = JSON.stringify(auditUploadSchema.parse({ events: batch.map((b) => b.event), dropped }));
+        lastSent = Date.now();
+        const { cut, value: outcome } = await credential.unlessHalted(signal, (s) => post(agent, config, read.credential, body, s));
+        if (signal.aborted) return 0;
+        if (cut) return config.credentialRecheckMs;
+        switch (outcome.kind) {
+          case 'credential_invalid':
+            credential.halt(read.credential);
+            return config.credentialRecheckMs;
+          case 'retry': {
+            attempt += 1;
+            const delayMs = backoffDelay(attempt, outcome.retryAfterMs, config.backoff);
+            log.warn({ reason: outcome.reason, events: batch.length, attempt, retryInMs: delayMs }, 'audit upload failed; events stay spooled; retrying');
+            return delayMs;
+          }
+          case 'accepted': {
+            attempt = 0;
+            const accepted = Math.min(outcome.accepted, batch.length);
+            for (const b of batch.slice(0, accepted)) await removeSpooledEvent(config.dir, b.name);
+            sentDropped = dropped;
+            log.info({ events: batch.length, accepted, dropped }, 'audit events uploaded');
+            // More waiting (a full batch, or some not accepted): go on after the gap.
+            return accepted < batch.length || names.length === AUDIT_BATCH_MAX ? config.minGapMs : 0;
+          }
+        }
+      };
+
+      const watcher = watch(config.dir, { ignoreInitial: true, depth: 0, ignored: (p: string) => /\/\.[^/]*$/.test(p) });
+      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the audit spool failed; rescanning on a timer'));
+      try {
+        await runLoop({
+          name: 'link-audit',
+          log,
+          signal,
+          step,
+          subscribeWake: (wake) => {
+            // In backoff the retry takes every spooled file anyway. Inside the gap after an
+            // upload, one wake at its end (the loop may be resting for the whole rescan).
+            let gapWake: NodeJS.Timeout | undefined;
+            const onAdd = (): void => {
+              if (attempt > 0) return;
+              const wait = lastSent + config.minGapMs - Date.now();
+              if (wait <= 0) wake();
+              else
+                gapWake ??= setTimeout(() => {
+                  gapWake = undefined;
+                  wake();
+                }, wait);
+            };
+            watcher.on('add', onAdd);
+            watcher.on('change', onAdd);
+            const offCred = credential.onChange(wake);
+            const offReload = onReload(wake);
+            return () => {
+              clearTimeout(gapWake);
+              watcher.off('add', onAdd);
+              watcher.off('change', onAdd);
+              offCred();
+              offReload();
+            };
+          },
+        });
+      } finally {
+        await watcher.close();
+        await agent.destroy().catch(() => undefined);
+      }
+    },
+  };
+}

@@ -1,0 +1,96 @@
+import { randomUUID } from 'node:crypto';
+import { readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { AuditSpool } from '../../src/cli-proxy/audit-spool.js';
+import { listAuditSpool, readDroppedCount, readSpooledEvent, type AuditEvent } from '../../src/data/audit-event.js';
+import { memoryLogger } from '../support/memory-log.js';
+import { tempDir } from '../support/temp-dir.js';
+
+function event(i: number): AuditEvent {
+  return {
+    id: randomUUID(),
+    time: new Date(Date.UTC(2026, 0, 1, 0, 0, 0, i)).toISOString(),
+    provider: 'saas',
+    method: 'GET',
+    path: `/v1/items/${i}`,
+    status: 200,
+    bytesIn: 0,
+    bytesOut: 12,
+    durationMs: 1.5,
+    peerUid: 1000,
+  };
+}
+
+t.test('one 0640 file per event, oldest first; past the bound the oldest go and the persisted counter says how many', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log, records } = memoryLogger();
+  const spool = new AuditSpool({ dir, maxEvents: 3 }, log);
+  await spool.open();
+  const events = Array.from({ length: 5 }, (_, i) => event(i));
+  for (const e of events) spool.record(e);
+  await spool.flush();
+  const names = await listAuditSpool(dir);
+  t.equal(names.length, 3, 'held to the bound');
+  const kept = await Promise.all(names.map((n) => readSpooledEvent(dir, n)));
+  t.same(
+    kept.map((k) => (k && 'event' in k ? k.event.id : undefined)),
+    events.slice(2).map((e) => e.id),
+    'the newest three, oldest first',
+  );
+  for (const n of names) t.equal(statSync(join(dir, n)).mode & 0o777, 0o640);
+  t.equal(await readDroppedCount(dir), 2);
+  t.ok(records.some((r) => r.msg === 'audit spool full: oldest events dropped'));
+
+  // A restart keeps counting from the persisted count.
+  const again = new AuditSpool({ dir, maxEvents: 3 }, log);
+  await again.open();
+  again.record(event(9));
+  await again.flush();
+  t.equal(await readDroppedCount(dir), 3, 'the counter only grows, across restarts');
+  t.equal((await listAuditSpool(dir)).length, 3);
+});
+
+t.test('an event that fails the schema (a query in its path) is not written; the error names no value', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log, records, lines } = memoryLogger();
+  const spool = new AuditSpool({ dir, maxEvents: 10 }, log);
+  await spool.open();
+  spool.record({ ...event(1), path: '/v1/items?key=SECRET-IN-QUERY' });
+  await spool.flush();
+  t.same(readdirSync(dir), [], 'nothing written');
+  t.ok(records.some((r) => r.msg === 'audit event not spooled'));
+  t.notOk(lines.join('\n').includes('SECRET-IN-QUERY'), 'the value is not logged');
+});
+
+t.test('open() removes a temp file a killed writer left, never a live one, and reads no temp file as an event', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log } = memoryLogger();
+  await new AuditSpool({ dir, maxEvents: 10 }, log).open();
+  const e = event(1);
+  const dead = `.000000000000001-${e.id}.json.999999999.0123456789ab.tmp`;
+  const live = `.000000000000001-${e.id}.json.${process.pid}.0123456789ab.tmp`;
+  writeFileSync(join(dir, dead), '{"id":"half');
+  writeFileSync(join(dir, live), '{"id":"half');
+  t.same(await listAuditSpool(dir), [], 'temp files are not events');
+  await new AuditSpool({ dir, maxEvents: 10 }, log).open();
+  t.same(readdirSync(dir).sort(), [live], 'the dead writer\'s temp is gone');
+  t.equal(readFileSync(join(dir, live), 'utf8'), '{"id":"half');
+});
+
+t.test('a spool that stays full keeps exactly the newest events and counts every drop', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log } = memoryLogger();
+  const spool = new AuditSpool({ dir, maxEvents: 10 }, log);
+  await spool.open();
+  const events = Array.from({ length: 50 }, (_, i) => event(i));
+  for (const e of events) spool.record(e);
+  await spool.flush();
+  const kept = await Promise.all((await listAuditSpool(dir)).map((n) => readSpooledEvent(dir, n)));
+  t.same(
+    kept.map((k) => (k && 'event' in k ? k.event.id : undefined)),
+    events.slice(40).map((e) => e.id),
+    'the newest ten',
+  );
+  t.equal(await readDroppedCount(dir), 40);
+});
