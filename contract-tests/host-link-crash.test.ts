@@ -26,6 +26,9 @@ const APPLY_POINTS = [
   'reconcile-after-shims',
 ];
 
+// Seven kills and restarts, each two CLI start-ups and a renewal: ~45 s idle.
+t.setTimeout(300_000);
+
 const w: HostWorld = await hostWorld(t, { tokenLifetimeMs: 120_000 });
 const registryPath = join(w.applyState, 'mcp-forwarder', 'instances.json');
 const catalogPath = join(w.applyState, 'cli-proxy', 'providers.json');

@@ -143,12 +143,14 @@ t.test('disconnect while requests flow: token files gone, both proxies 404, an o
 
   // Requests flowing on all four routes until the drop has been seen by both proxies.
   const statuses: Record<string, number[]> = { [DROPPED]: [], [DROPPED_PROVIDER]: [], [KEPT]: [], [KEPT_PROVIDER]: [] };
+  const unavailable: string[] = [];
   let flowing = true;
   const flow = (async () => {
     while (flowing) {
       const [a, b, c, d] = await Promise.all([mcpPost(DROPPED), apiGet(DROPPED_PROVIDER), keptCall(), apiGet(KEPT_PROVIDER)]);
       statuses[DROPPED]!.push(a.status);
       statuses[DROPPED_PROVIDER]!.push(b.status);
+      for (const r of [a, b]) if (r.status === 503) unavailable.push(r.body);
       statuses[KEPT]!.push(c);
       statuses[KEPT_PROVIDER]!.push(d.status);
     }
@@ -168,6 +170,7 @@ t.test('disconnect while requests flow: token files gone, both proxies 404, an o
   await flow;
 
   t.same(keptErrors, [], 'no kept call failed');
+  t.ok(unavailable.every((b) => b.includes('token_unavailable')), 'a 503 on the way is token_unavailable, nothing else');
   for (const route of [KEPT, KEPT_PROVIDER]) t.same([...new Set(statuses[route])], [200], `${route}: served throughout`);
   for (const route of [DROPPED, DROPPED_PROVIDER]) {
     const list = statuses[route]!;
