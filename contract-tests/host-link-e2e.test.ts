@@ -3,15 +3,14 @@ import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { request } from 'undici';
 import { ensureAgentUser } from '../test/support/agent-user.js';
 import { allProcs, checkNoLeaks, knownSecrets, leakedSecrets } from '../test/support/cli-proc.js';
-import { MockGateway, sse } from '../test/support/mock-gateway.js';
-import { deferred, until, within } from '../test/support/poll.js';
+import { MockGateway } from '../test/support/mock-gateway.js';
+import { until } from '../test/support/poll.js';
 import { send } from './helpers/http-raw.js';
 import { appliedLine, filesHolding, filesUnder, hostWorld, type HostWorld } from './helpers/host-link-rig.js';
 import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
-import { StreamReader } from './helpers/sse-client.js';
+import { holdStream } from './helpers/held-stream.js';
 
 /*
  * The host link end to end (SPEC §8), every part a real process and no file written by
@@ -124,22 +123,7 @@ t.test('disconnect while requests flow: token files gone, both proxies 404, an o
   t.ok(droppedTokens.length >= 2, 'the dropped binding and provider had tokens');
 
   // An SSE stream through the binding about to be dropped, open across the disconnect.
-  const up = deferred<{ send: (d: string) => void; end: () => void }>();
-  api.handle((_seen, res) => up.resolve(sse(res)));
-  const res = await request(`${fwd.base}/i/${DROPPED}/mcp`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow"}}',
-  });
-  const reader = new StreamReader(res.body);
-  const stream = await within(up.promise, 10_000, 'the upstream SSE stream');
-  const ev1 = 'event: message\ndata: {"progress":1}\n\n';
-  stream.send(ev1);
-  await reader.waitForText('"progress":1');
-  api.handle((_seen, r) => {
-    r.writeHead(200, { 'content-type': 'application/json' });
-    r.end('{"jsonrpc":"2.0","id":1,"result":{}}');
-  });
+  const { reader, stream, first: ev1 } = await holdStream(api, `${fwd.base}/i/${DROPPED}/mcp`);
 
   // Requests flowing on all four routes until the drop has been seen by both proxies.
   const statuses: Record<string, number[]> = { [DROPPED]: [], [DROPPED_PROVIDER]: [], [KEPT]: [], [KEPT_PROVIDER]: [] };
