@@ -105,13 +105,19 @@ t.test('every state-poll fault: the host keeps serving its last good state, the 
       t.equal(readFileSync(join(w.applyState, 'mcp-forwarder', 'instances.json'), 'utf8'), registryBefore, `${name}: the registry untouched`);
       t.not(readFileSync(join(w.handoff, 'desired-state.json'), 'utf8'), JSON.stringify(crafted.body), `${name}: never handed to apply`);
     }
-    // Recovered: the change made above reaches the host and is served.
+    // Recovered: a poll the Gateway answered normally after the fault, then the next
+    // change reaches the host and is served.
+    const f = faulted as HostRequestRecord;
+    await until(() => w.gw.requests.some((r) => r.endpoint === 'state' && r.seq > f.seq && r.fault === undefined), `${name}: a normal poll after the fault`, 20_000);
+    const probe = `probe${n}after`;
+    w.gw.control.connectProvider(probe, { upstream: api.url(`/api/${probe}`), inject: { type: 'header', name: 'X-Key', value: '{token}' }, commands: [] });
     await apply.waitForLog(appliedLine(w.gw.control.version), 20_000);
-    await until(async () => (await apiGet(`probe${n}`)).status !== 404, `${name}: the next change is served`, 20_000);
+    await until(async () => (await apiGet(probe)).status !== 404, `${name}: the next change is served`, 20_000);
     await servingLastGood(t, `${name}, after`);
     survived += 1;
     n += 1;
   }
+  t.notOk(apply.logs.some((l) => l.msg?.startsWith('desired state rejected')), 'no bad state ever reached apply: the link refused each whole');
   const warned = link.logs.filter((l) => l.msg?.includes('state poll failed'));
   t.ok(warned.length >= stateFaults.length, 'each fault logged by the link');
   t.notOk(link.lines.some((l) => l.includes('502 Bad Gateway') || l.includes('gw.example.com') || l.includes('/etc/passwd')), 'no body in any log line');
