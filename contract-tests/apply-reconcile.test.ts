@@ -2,15 +2,14 @@ import { once } from 'node:events';
 import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { request } from 'undici';
 import { checkNoLeaks, knownSecrets, startCli, writeJsonAtomic, writeToken, type CliProc, type LogLine } from '../test/support/cli-proc.js';
-import { deferred, until, within } from '../test/support/poll.js';
-import { MockGateway, sse } from '../test/support/mock-gateway.js';
+import { until, within } from '../test/support/poll.js';
+import { MockGateway } from '../test/support/mock-gateway.js';
 import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { send } from './helpers/http-raw.js';
-import { StreamReader } from './helpers/sse-client.js';
+import { holdStream } from './helpers/held-stream.js';
 
 /**
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8), black-box: the built
@@ -127,22 +126,7 @@ t.test('a desired state makes the forwarder serve the binding and the cli-proxy 
   t.equal(w.gw.requests.at(-1)?.headers.authorization, `Bearer ${tokRec}`, 'with the provider token');
 
   // An SSE stream through B1, open across the drop.
-  const up = deferred<{ send: (d: string) => void; end: () => void }>();
-  w.gw.handle((_seen, res) => up.resolve(sse(res)));
-  const res = await request(`${w.fwd.base}/i/${B1}/mcp`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow"}}',
-  });
-  const reader = new StreamReader(res.body);
-  const stream = await within(up.promise, 10_000, 'the upstream SSE stream');
-  const ev1 = 'event: message\ndata: {"progress":1}\n\n';
-  stream.send(ev1);
-  await reader.waitForText('"progress":1');
-  w.gw.handle((_seen, r) => {
-    r.writeHead(200, { 'content-type': 'application/json' });
-    r.end('{"jsonrpc":"2.0","id":1,"result":{}}');
-  });
+  const { reader, stream, first: ev1 } = await holdStream(w.gw, `${w.fwd.base}/i/${B1}/mcp`);
 
   const t0 = Date.now();
   w.writeState(desired(w, 2, {}, []));

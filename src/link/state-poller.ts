@@ -8,6 +8,7 @@ import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backo
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import type { LinkErrorCode } from '../data/link-status.js';
+import { crashPoint } from '../service/test-hooks.js';
 import type { LinkCredential } from './credential.js';
 import type { PollEvent } from './link-status.js';
 
@@ -141,6 +142,7 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
           case 'state':
             attempt = 0;
             await atomicWrite(paths.desiredState, outcome.text, { mode: 0o640 });
+            crashPoint('link-after-desired-state-write');
             log.info({ version: outcome.version, previous: after }, 'desired state handed over to apply');
             after = outcome.version;
             config.onHandedOver?.(outcome.version);

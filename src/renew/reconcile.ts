@@ -206,16 +206,22 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
 
     // 1. new slots first: a binding in the registry always has a slot to renew it.
     await eachInParallel(plan.ensureSlots, (slot) => ensureSlot(paths, slot));
+    crashPoint('reconcile-after-slots');
     // 2. the registry and the catalog.
     if (plan.writeInstances) await writeConfig(deps.instancesPath, plan.instances);
     crashPoint('reconcile-after-registry-write');
     if (plan.writeCatalog) await writeConfig(deps.providersPath, plan.catalog);
+    crashPoint('reconcile-after-catalog-write');
     // 3. what is gone: token file first, then the slot (the slot file is the reminder).
     let deleted = 0;
     for (const file of plan.deleteTokenFiles) if (await deleteFile(file)) deleted += 1;
+    crashPoint('reconcile-after-token-deletion');
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
+    crashPoint('reconcile-after-slot-retire');
     // 4. shims for the catalog now in force.
     if (deps.renderShims) await deps.renderShims(plan.catalog);
+    // The last point before the version is in force.
+    crashPoint('reconcile-after-shims');
     // 5. in force.
     // A rejection of something newer than what is now in force stays on record.
     const rejected = applied.rejected && (applied.rejected.version === null || applied.rejected.version > desired.version) ? { rejected: applied.rejected } : {};
