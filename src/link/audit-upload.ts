@@ -1,6 +1,6 @@
 import { mkdir } from 'node:fs/promises';
-import { watch } from 'chokidar';
 import { Agent } from 'undici';
+import { watchDir } from '../fs/dir-watch.js';
 import {
   AUDIT_BATCH_MAX,
   AUDIT_PATH,
@@ -142,8 +142,14 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
         }
       };
 
-      const watcher = watch(config.dir, { ignoreInitial: true, depth: 0, ignored: (p: string) => /\/\.[^/]*$/.test(p) });
-      watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the audit spool failed; rescanning on a timer'));
+      // Each event is a file: with thousands spooled, a watcher that re-lists the directory
+      // on every event would cost more than the upload. Writers' temps are dot files.
+      let onAdd: (() => void) | undefined;
+      const unwatch = watchDir(
+        config.dir,
+        () => onAdd?.(),
+        (err) => log.warn({ err: { message: err.message } }, 'watching the audit spool failed; rescanning on a timer'),
+      );
       try {
         await runLoop({
           name: 'link-audit',
@@ -154,7 +160,7 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
             // In backoff the retry takes every spooled file anyway. Inside the gap after an
             // upload, one wake at its end (the loop may be resting for the whole rescan).
             let gapWake: NodeJS.Timeout | undefined;
-            const onAdd = (): void => {
+            onAdd = (): void => {
               if (attempt > 0) return;
               const wait = lastSent + config.minGapMs - Date.now();
               if (wait <= 0) wake();
@@ -164,21 +170,18 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
                   wake();
                 }, wait);
             };
-            watcher.on('add', onAdd);
-            watcher.on('change', onAdd);
             const offCred = credential.onChange(wake);
             const offReload = onReload(wake);
             return () => {
               clearTimeout(gapWake);
-              watcher.off('add', onAdd);
-              watcher.off('change', onAdd);
+              onAdd = undefined;
               offCred();
               offReload();
             };
           },
         });
       } finally {
-        await watcher.close();
+        unwatch();
         await agent.destroy().catch(() => undefined);
       }
     },

@@ -1,6 +1,6 @@
 import { basename } from 'node:path';
-import { watch } from 'chokidar';
 import { checkWritableDir } from '../fs/atomic-write.js';
+import { watchDir } from '../fs/dir-watch.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
@@ -24,7 +24,7 @@ export interface ApplyConfig {
 }
 
 /**
- * renew apply: hand-off → token file. `--watch` (chokidar on inbox/) is how it runs: the
+ * renew apply: hand-off → token file. `--watch` (inotify on inbox/) is how it runs: the
  * systemd unit, `dev`, hosts without systemd; a new token is renamed into place as soon as
  * fetch hands it over. One-shot (no --watch) applies what is there and exits, for scripts
  * and recovery. Both on the one loop, so either stops on SIGTERM, even while waiting for
@@ -41,10 +41,18 @@ export function createApplyService(config: ApplyConfig): Service {
       for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
       const deps: ApplyDeps = { paths, tokenFilesFor: config.tokenFilesFor, log, signal };
       const memo: { lastDigest?: string } = {};
+      // desired-state.json (megabytes with 10 000 bindings) is read again only when it was
+      // renamed in, on SIGHUP, or on the periodic rescan: not for every token in the inbox.
+      let stateDirty = true;
+      let lastStateCheck = 0;
       const applyAll = async (): Promise<void> => {
         try {
           // The desired state first: a new slot's token arrives in the inbox after it.
-          if (config.reconcile) await reconcileDesiredState({ ...config.reconcile, paths, log, signal, memo });
+          if (config.reconcile && (stateDirty || Date.now() - lastStateCheck >= config.rescanMs)) {
+            stateDirty = false;
+            lastStateCheck = Date.now();
+            await reconcileDesiredState({ ...config.reconcile, paths, log, signal, memo });
+          }
           const stats = await applyInbox({ ...deps, managed: config.reconcile !== undefined && existsSync(paths.desiredState) });
           if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
         } catch (err) {
@@ -65,22 +73,27 @@ export function createApplyService(config: ApplyConfig): Service {
         });
         return;
       }
-      // fetch's temp files are 0600 until renamed: ignore them, and never die of a watch error.
-      const watcher = watch(paths.inbox, { ignoreInitial: true, depth: 0, ignored: (p: string) => basename(p).startsWith('.') });
+      // fetch's temp files (dot files) are 0600 until renamed: watchDir ignores them, and a
+      // watch error only falls back to the periodic scan.
+      let wakeLoop: (() => void) | undefined;
+      const unwatchInbox = watchDir(
+        paths.inbox,
+        () => wakeLoop?.(),
+        (err) => log.warn({ err: { message: err.message } }, 'watching inbox/ failed; falling back to periodic scans'),
+      );
       // The link renames desired-state.json into the hand-off root; only that name wakes us
       // (apply's own applied-state.json and lock files live there too).
-      const stateWatcher = watch(paths.root, {
-        ignoreInitial: true,
-        depth: 0,
-        ignored: (p: string) => p !== paths.root && basename(p) !== basename(paths.desiredState),
-      });
-      // Both listeners before either can fire.
-      const watcherReady = new Promise<void>((r) => watcher.once('ready', () => r()));
-      const stateWatcherReady = new Promise<void>((r) => stateWatcher.once('ready', () => r()));
+      const stateName = basename(paths.desiredState);
+      const unwatchRoot = watchDir(
+        paths.root,
+        (name) => {
+          if (name !== undefined && name !== stateName) return;
+          stateDirty = true;
+          wakeLoop?.();
+        },
+        (err) => log.warn({ err: { message: err.message } }, 'watching desired-state.json failed; falling back to periodic scans'),
+      );
       try {
-        stateWatcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching desired-state.json failed; falling back to periodic scans'));
-        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching inbox/ failed; falling back to periodic scans'));
-        await Promise.all([watcherReady, stateWatcherReady]);
         await notifier.ready('watching inbox');
         log.info({ desiredState: config.reconcile !== undefined }, 'apply watching');
         const stopWatchdog = notifier.startWatchdog();
@@ -94,27 +107,24 @@ export function createApplyService(config: ApplyConfig): Service {
               return config.rescanMs;
             },
             subscribeWake: (wake) => {
-              watcher.on('add', wake).on('change', wake).on('raw', wake);
-              // 'raw' too: chokidar throttles a second change of one path within 50 ms.
-              const stateName = basename(paths.desiredState);
-              stateWatcher
-                .on('add', wake)
-                .on('change', wake)
-                .on('raw', (_event: string, path: string) => {
-                  if (basename(path) === stateName) wake();
-                });
-              return onReload(() => {
+              wakeLoop = wake;
+              const offReload = onReload(() => {
                 log.info('SIGHUP: rescanning the inbox');
+                stateDirty = true;
                 wake();
               });
+              return () => {
+                wakeLoop = undefined;
+                offReload();
+              };
             },
           });
         } finally {
           stopWatchdog();
         }
       } finally {
-        await watcher.close();
-        await stateWatcher.close();
+        unwatchInbox();
+        unwatchRoot();
       }
     },
   };
