@@ -137,7 +137,7 @@ function auditedIds(proxy: ProxyProc): string[] {
 }
 
 function spoolFiles(dir: string): string[] {
-  return readdirSync(dir).filter((n) => !n.startsWith('.') && n !== 'dropped.json');
+  return readdirSync(dir).filter((n) => !n.startsWith('.') && n !== 'dropped.json' && n !== 'upload.json');
 }
 
 /** Calls `n` times and waits until the proxy logged each call (its event is queued by then). */
@@ -178,6 +178,12 @@ t.test('every event arrives exactly once across an outage, a 5xx storm and SIGKI
   // Plain run.
   await allStored(gw, await phase(5), 'first 5 events stored');
   await until(() => spoolFiles(rig.spool).length === 0, 'accepted events are deleted from the spool');
+  // status tells the operator the spool reaches the Gateway (the link records each accepted batch).
+  const statusProc = startCli(['status', '--json', '--no-systemd', '--state-dir', rig.stateDir]);
+  t.equal((await statusProc.exited).code, 0, 'status exits 0');
+  const status = JSON.parse(statusProc.lines.filter((l) => !l.startsWith('{"level"')).join('\n')) as { lastAuditUpload?: string; audit?: { spooled: number; dropped: number } };
+  t.ok(status.lastAuditUpload && Date.parse(status.lastAuditUpload) > 0, `status names the last audit upload (${status.lastAuditUpload})`);
+  t.same(status.audit, { spooled: 0, dropped: 0 }, 'status: nothing left in the spool, nothing dropped');
 
   // Outage: the Gateway's port refuses connections while calls go on.
   await relay.down();

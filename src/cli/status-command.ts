@@ -24,6 +24,7 @@ export function registerStatusCommand(program: Command): void {
         systemd: opts.systemd,
         version,
         now,
+        auditDir: layout.audit,
       });
       process.stdout.write(opts.json ? `${JSON.stringify(status, null, 2)}\n` : statusText(status, now));
     });

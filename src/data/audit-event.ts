@@ -63,6 +63,23 @@ export const droppedFileSchema = z.strictObject({ dropped: z.number().int().min(
 
 export const DROPPED_FILE = 'dropped.json';
 
+/**
+ * `upload.json`, written by the link after each accepted batch (no event content), so
+ * `status` can say when the spool last reached the Gateway.
+ */
+export const UPLOAD_STATUS_FILE = 'upload.json';
+export const uploadStatusSchema = z.strictObject({ lastUploadAt: rfc3339Schema, lastAccepted: z.number().int().min(0) });
+export type UploadStatus = z.infer<typeof uploadStatusSchema>;
+
+export async function readUploadStatus(dir: string): Promise<UploadStatus | undefined> {
+  try {
+    const parsed = uploadStatusSchema.safeParse(JSON.parse(await readFile(join(dir, UPLOAD_STATUS_FILE), 'utf8')));
+    return parsed.success ? parsed.data : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 const EVENT_FILE = /^\d{15}-[0-9a-f-]{36}\.json$/;
 
 export function auditEventFileName(event: AuditEvent): string {

@@ -57,6 +57,8 @@ export const hostStatusSchema = z.strictObject({
   ),
   /** When the audit spool last handed events to the Gateway. Omitted while unknown. */
   lastAuditUpload: rfc3339Schema.optional(),
+  /** native_cli audit events waiting in the spool, and how many a full spool has dropped. */
+  audit: z.strictObject({ spooled: z.number().int().min(0), dropped: z.number().int().min(0) }).optional(),
 });
 
 export type HostStatus = z.infer<typeof hostStatusSchema>;

@@ -1,4 +1,5 @@
 import { readAppliedState } from '../data/applied-state.js';
+import { listAuditSpool, readDroppedCount, readUploadStatus } from '../data/audit-event.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { HOST_STATUS_FORMAT, hostStatusSchema, type HostStatus, type PartState } from '../data/host-status.js';
 import { readLinkStatus } from '../data/link-status.js';
@@ -17,6 +18,8 @@ export interface StatusOptions {
   systemd: boolean;
   version: string;
   now?: number;
+  /** The native_cli audit spool; omitted: no audit summary. */
+  auditDir?: string;
 }
 
 const fromHealth: Record<PartHealth, PartState> = { ok: 'up', degraded: 'degraded', down: 'down' };
@@ -40,7 +43,11 @@ export async function hostStatus(o: StatusOptions): Promise<HostStatus> {
   const applied = await readAppliedState(o.handoffDir);
   const received = await readReceived(o.handoffDir);
   const { slots } = await readSlots(handoffPaths(o.handoffDir));
+  const uploaded = o.auditDir ? await readUploadStatus(o.auditDir) : undefined;
+  const audit = o.auditDir ? { spooled: (await listAuditSpool(o.auditDir).catch(() => [])).length, dropped: await readDroppedCount(o.auditDir).catch(() => 0) } : undefined;
   return hostStatusSchema.parse({
+    ...(uploaded ? { lastAuditUpload: uploaded.lastUploadAt } : {}),
+    ...(audit ? { audit } : {}),
     format: HOST_STATUS_FORMAT,
     version: o.version,
     generatedAt: new Date(now).toISOString(),
@@ -96,6 +103,10 @@ export function statusText(s: HostStatus, now: number): string {
     const when = x.revoked ? 'revoked' : x.expiresAt ? `expires ${untilText(Date.parse(x.expiresAt), now)}` : 'never received a token';
     lines.push(`${i === 0 ? 'slots:     ' : '           '}${x.slot.padEnd(width)}  ${when}`);
   });
-  if (s.lastAuditUpload) lines.push(`audit:     last upload ${ago(Date.parse(s.lastAuditUpload), now)}`);
+  if (s.audit || s.lastAuditUpload) {
+    const last = s.lastAuditUpload ? `last upload ${ago(Date.parse(s.lastAuditUpload), now)}` : 'no upload yet';
+    const spool = s.audit ? `; ${s.audit.spooled} event(s) spooled${s.audit.dropped > 0 ? `, ${s.audit.dropped} dropped (spool full)` : ''}` : '';
+    lines.push(`audit:     ${last}${spool}`);
+  }
   return `${lines.join('\n')}\n`;
 }

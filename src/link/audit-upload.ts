@@ -1,5 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import { Agent } from 'undici';
+import { join } from 'node:path';
+import { atomicWrite } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
 import {
   AUDIT_BATCH_MAX,
@@ -10,6 +12,8 @@ import {
   readDroppedCount,
   readSpooledEvent,
   removeSpooledEvent,
+  UPLOAD_STATUS_FILE,
+  type UploadStatus,
   type AuditEvent,
 } from '../data/audit-event.js';
 import { linkUrl } from '../data/link-wire.js';
@@ -136,6 +140,10 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
             for (const b of batch.slice(0, accepted)) await removeSpooledEvent(config.dir, b.name);
             sentDropped = dropped;
             log.info({ events: batch.length, accepted, dropped }, 'audit events uploaded');
+            const uploaded: UploadStatus = { lastUploadAt: new Date().toISOString(), lastAccepted: accepted };
+            await atomicWrite(join(config.dir, UPLOAD_STATUS_FILE), `${JSON.stringify(uploaded)}\n`, { mode: 0o640 }).catch((err: unknown) =>
+              log.warn({ err: { message: (err as Error).message } }, 'could not record the audit upload for status'),
+            );
             // More waiting (a full batch, or some not accepted): go on after the gap.
             return accepted < batch.length || names.length === AUDIT_BATCH_MAX ? config.minGapMs : 0;
           }
