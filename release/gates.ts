@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { execa } from 'execa';
 import { installAgents, type AgentBins } from './agents.js';
+import { labTargetSkipReason, startLabTarget } from './lab-target.js';
 import { filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
 
 /**
@@ -29,6 +30,10 @@ interface Target {
   secrets: () => string[];
   /** Where the target keeps its tokens: the secret search must find them there, or it is broken. */
   stateDir: string;
+  /** `agent-connectors <args>` as the target runs it (dev: this checkout; lab: the installed package). */
+  cli: (args: readonly string[]) => Promise<string>;
+  /** The tool the gate calls once listed, with arguments its upstream takes. */
+  call: { tool: string; args: Record<string, unknown> };
   stop: () => Promise<void>;
 }
 
@@ -39,6 +44,7 @@ const { values: opts } = parseArgs({
     'timeout-s': { type: 'string', default: '90' },
     report: { type: 'string', default: join(REPO_ROOT, 'build/gates-report.json') },
     keep: { type: 'boolean', default: false },
+    targets: { type: 'string', default: 'dev,lab' },
   },
 });
 
@@ -105,6 +111,8 @@ async function startDev(work: string): Promise<Target> {
     bindingId: m[2]!,
     secrets: () => [...held],
     stateDir,
+    cli: cliOut,
+    call: { tool: 'echo', args: { message: 'release gate' } },
     stop: async () => {
       clearInterval(sampler);
       secretsUnder(stateDir, held);
@@ -123,7 +131,7 @@ async function cliOut(args: readonly string[]): Promise<string> {
 
 async function gateTarget(target: Target, bins: AgentBins, work: string, only: Set<string> | undefined): Promise<Verdict[]> {
   const verdicts: Verdict[] = [];
-  const plain = await cliOut(['mcp-add', target.bindingId, '--url-base', target.base]);
+  const plain = await target.cli(['mcp-add', target.bindingId, '--url-base', target.base]);
   verdicts.push({
     client: 'mcp-add (no --agent)',
     ok: plain === target.url,
@@ -135,8 +143,8 @@ async function gateTarget(target: Target, bins: AgentBins, work: string, only: S
     name: SERVER_NAME,
     bins,
     work: join(work, target.name),
-    addCommand: (agent) => cliOut(['mcp-add', target.bindingId, '--agent', agent, '--name', SERVER_NAME, '--url-base', target.base]),
-    call: { tool: 'echo', args: { message: 'release gate' } },
+    addCommand: (agent) => target.cli(['mcp-add', target.bindingId, '--agent', agent, '--name', SERVER_NAME, '--url-base', target.base]),
+    call: target.call,
     timeoutMs: Number(opts['timeout-s']) * 1000,
   };
   // The search that clears each agent's home must be able to fail: it has to find the
@@ -179,12 +187,34 @@ async function main(): Promise<number> {
   const only = opts.only ? new Set(opts.only.split(',')) : undefined;
   const work = mkdtempSync(join(agentsDir, 'run-'));
   const results: { target: string; verdicts: Verdict[] }[] = [];
-  try {
-    const dev = await startDev(work);
+  const wanted = new Set(opts.targets!.split(','));
+  const runTarget = async (name: string, start: () => Promise<Target>): Promise<void> => {
+    if (!wanted.has(name)) return;
+    let target: Target;
     try {
-      results.push({ target: 'dev', verdicts: await gateTarget(dev, bins, work, only) });
+      target = await start();
+    } catch (err) {
+      results.push({ target: name, verdicts: [{ client: 'start', ok: false, tools: 0, detail: (err as Error).message }] });
+      return;
+    }
+    try {
+      results.push({ target: name, verdicts: await gateTarget(target, bins, work, only) });
     } finally {
-      await dev.stop();
+      await target.stop();
+    }
+  };
+  try {
+    await runTarget('dev', () => startDev(work));
+    const labSkip = labTargetSkipReason();
+    if (wanted.has('lab') && labSkip) {
+      // CI requires every gate; a developer's machine without root or systemd skips it.
+      const required = process.env.AGENT_CONNECTORS_REQUIRE_ALL_TESTS === '1';
+      results.push({ target: 'lab', verdicts: [{ client: 'start', ok: !required, tools: 0, detail: `skipped: ${labSkip}` }] });
+    } else {
+      await runTarget('lab', async () => {
+        const lab = await startLabTarget(work, REPO_ROOT, log);
+        return { name: 'lab', ...lab, stateDir: lab.secretsDir, call: { tool: 'echo', args: { text: 'release gate' } } };
+      });
     }
   } finally {
     if (!opts.keep) rmSync(work, { recursive: true, force: true });
