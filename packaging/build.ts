@@ -74,7 +74,7 @@ async function main(): Promise<void> {
 
     const root = join(scratch, 'root');
     const l = vendorLayout();
-    await install({ prefix: '/usr', root, node: '/usr/bin/node', dryRun: false, activate: false, layout: l, from: REPO, nodeModules: join(modules, 'node_modules') });
+    await install({ prefix: '/usr', root, node: '/usr/bin/node', dryRun: false, activate: false, layout: l, from: REPO, nodeModules: join(modules, 'node_modules'), writeAgentUsers: false });
     // The version the package says is the one the app reports (--version, /healthz).
     const shippedPkg = join(root, l.libDir, 'package.json');
     await writeFile(shippedPkg, `${JSON.stringify({ ...packageJsonSchema.parse(JSON.parse(await readFile(shippedPkg, 'utf8'))), version }, null, 2)}\n`);

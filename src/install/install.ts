@@ -28,6 +28,12 @@ export interface InstallOptions {
   nodeModules?: string;
   /** `--agent-user`: names or UIDs added to the agent-users file (kept: an upgrade never drops one). */
   agentUsers?: readonly string[];
+  /**
+   * Whether /etc/agent-connectors/agent-users is written (default true). The .deb build says
+   * false: /etc is the operator's, and a file in the package would be owned by dpkg; its
+   * postinst creates the file instead when it is missing.
+   */
+  writeAgentUsers?: boolean;
 }
 
 export interface Layout {
@@ -138,7 +144,7 @@ export async function install(options: InstallOptions): Promise<Action[]> {
       await atomicWrite(at(dest), text, { mode: 0o644 });
     });
   }
-  await writeAgentUsers(options, at, act);
+  if (options.writeAgentUsers !== false) await writeAgentUsers(options, at, act);
   if (options.activate && options.root === '/') {
     await act('create users and groups', 'systemd-sysusers', async () => void (await execa('systemd-sysusers', [l.sysusers])));
     await act('create state directories', 'systemd-tmpfiles --create', async () => void (await execa('systemd-tmpfiles', ['--create', l.tmpfiles])));
