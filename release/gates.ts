@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -7,7 +7,7 @@ import { parseArgs } from 'node:util';
 import { execa } from 'execa';
 import { installAgents, type AgentBins } from './agents.js';
 import { labTargetSkipReason, startLabTarget } from './lab-target.js';
-import { filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
+import { eachFile, filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
 
 /**
  * The release gates (issue 13; the seed's gates 1 and 4): the real agents, installed from
@@ -52,28 +52,19 @@ const log = (line: string): void => void process.stderr.write(`gates: ${line}\n`
 
 /** Reads every token file and credential under `dir` (bounded): what must never reach an agent. */
 function secretsUnder(dir: string, into: Set<string>): void {
-  const walk = (d: string, depth: number): void => {
-    if (depth > 4) return;
-    let entries;
-    try {
-      entries = readdirSync(d, { withFileTypes: true });
-    } catch {
-      return;
-    }
-    for (const e of entries) {
-      const p = join(d, e.name);
-      if (e.isDirectory()) walk(p, depth + 1);
-      else if (e.isFile() && (e.name.endsWith('.token') || e.name === 'host-credential')) {
-        try {
-          const v = readFileSync(p, 'utf8').trim();
-          if (v.length >= 8) into.add(v);
-        } catch {
-          // deleted between readdir and read: a rotation or a disconnect
-        }
+  eachFile(
+    dir,
+    (path, name) => {
+      if (!name.endsWith('.token') && name !== 'host-credential') return;
+      try {
+        const v = readFileSync(path, 'utf8').trim();
+        if (v.length >= 8) into.add(v);
+      } catch {
+        // deleted between listing and reading: a rotation or a disconnect
       }
-    }
-  };
-  walk(dir, 0);
+    },
+    4,
+  );
 }
 
 /** `agent-connectors dev` in a scratch state dir, on free ports; the URL read off its banner. */

@@ -321,13 +321,12 @@ export const PROBES: readonly (readonly [string, (ctx: ProbeContext) => Promise<
 ];
 
 /**
- * Files under `dir` (at most `maxFiles`, each read up to 4 MiB) that contain any of
- * `secrets`: an agent's configuration must hold the URL only.
+ * Calls `visit` for each regular file under `dir` (at most `maxDepth` directories down)
+ * until it returns false; unreadable directories are skipped.
  */
-export function filesHolding(dir: string, secrets: readonly string[], maxFiles = 20_000): { searched: number; hits: string[] } {
-  const hits: string[] = [];
-  let searched = 0;
-  const walk = (d: string): void => {
+export function eachFile(dir: string, visit: (path: string, name: string) => boolean | void, maxDepth = 64): void {
+  let stopped = false;
+  const walk = (d: string, depth: number): void => {
     let entries;
     try {
       entries = readdirSync(d, { withFileTypes: true });
@@ -335,21 +334,34 @@ export function filesHolding(dir: string, secrets: readonly string[], maxFiles =
       return;
     }
     for (const e of entries) {
-      if (searched >= maxFiles) return;
+      if (stopped) return;
       const p = join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else if (e.isFile()) {
-        searched++;
-        let text: string;
-        try {
-          text = readFileSync(p).subarray(0, 4 * 1024 * 1024).toString('latin1');
-        } catch {
-          continue;
-        }
-        if (secrets.some((s) => s.length > 0 && text.includes(s))) hits.push(p);
-      }
+      if (e.isDirectory()) {
+        if (depth < maxDepth) walk(p, depth + 1);
+      } else if (e.isFile() && visit(p, e.name) === false) stopped = true;
     }
   };
-  walk(dir);
+  walk(dir, 0);
+}
+
+/**
+ * Files under `dir` (at most `maxFiles`, each read up to 4 MiB) that contain any of
+ * `secrets`: an agent's configuration must hold the URL only.
+ */
+export function filesHolding(dir: string, secrets: readonly string[], maxFiles = 20_000): { searched: number; hits: string[] } {
+  const hits: string[] = [];
+  let searched = 0;
+  eachFile(dir, (p) => {
+    if (searched >= maxFiles) return false;
+    searched++;
+    let text: string;
+    try {
+      text = readFileSync(p).subarray(0, 4 * 1024 * 1024).toString('latin1');
+    } catch {
+      return true;
+    }
+    if (secrets.some((s) => s.length > 0 && text.includes(s))) hits.push(p);
+    return true;
+  });
   return { searched, hits };
 }
