@@ -1,5 +1,5 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
-import { createLoopbackService } from '../http/loopback-service.js';
+import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
@@ -15,6 +15,8 @@ export interface CliProxyConfig {
   allowedUids?: ReadonlySet<number> | undefined;
   /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
   tokenWaitMs?: number;
+  /** Its metrics, when `--metrics-listen` is on. */
+  observer?: PartObserver | undefined;
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
@@ -30,5 +32,6 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
       createCliProxyHandler({ ...d, catalog: d.config, bodyLimit: config.bodyLimit, tokenWaitMs: config.tokenWaitMs ?? DEFAULT_TOKEN_WAIT_MS, rotation: new TokenRotationWait() }),
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
+    observer: config.observer,
   });
 }

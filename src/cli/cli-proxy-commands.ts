@@ -12,6 +12,8 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
+import { createHttpMetrics } from '../metrics/http-metrics.js';
+import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { addServerOptions, layoutFrom, loggerFrom, serverOptions } from './options.js';
 
 export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
@@ -35,8 +37,7 @@ export function pathSetupCommand(agent: AgentName, dir: string): string {
 
 export function registerCliProxyCommands(program: Command): void {
   addServerOptions(
-    program
-      .command('cli-proxy')
+    addMetricsOption(program.command('cli-proxy'))
       .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
       .option('--state-dir <dir>', 'state root')
       .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)'),
@@ -44,10 +45,12 @@ export function registerCliProxyCommands(program: Command): void {
   ).action(async (opts: Record<string, string | undefined>) => {
     const log = loggerFrom(opts);
     const providersPath = layoutFrom(opts).providers;
+    const server = serverOptions(opts);
+    const metrics = metricsFrom(opts, 'cli-proxy', server.listen);
     const service = createCliProxyService({
-      config: { ...serverOptions(opts), providersPath },
+      config: { ...server, providersPath, observer: metrics && createHttpMetrics(metrics.registry, 'providers.json') },
     });
-    await runServices([service], { log, notifier: createNotifier({ log }) });
+    await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
   });
 
   const shims = program.command('shims').description('PATH shims that point shell CLIs at the cli-proxy');

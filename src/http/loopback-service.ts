@@ -9,7 +9,7 @@ import type { Service, ServiceContext } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
-import type { PipelineDeps } from './request-pipeline.js';
+import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
 
 export interface LoopbackServiceSpec<T> {
@@ -28,6 +28,12 @@ export interface LoopbackServiceSpec<T> {
   onListening?: (port: number) => void;
   /** Only these local UIDs may connect (read from /proc/net/tcp once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
+  /** The part's metrics (`--metrics-listen`): its requests and each load of its config file. */
+  observer?: PartObserver | undefined;
+}
+
+export interface PartObserver extends RequestObserver {
+  configLoaded(ok: boolean, entries: number): void;
 }
 
 /**
@@ -52,6 +58,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
             log.error({ error: state.error, [spec.config.countField]: count }, `${spec.config.label} rejected; keeping last good`);
           }
           void notifier.status(statusLine(spec, config));
+          spec.observer?.configLoaded(change.ok, count);
         },
       });
       const cleanups: Array<() => Promise<void> | void> = [];
@@ -85,7 +92,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false)
     : undefined;
   const server = createLoopbackServer(
-    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed }),
+    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, observer: spec.observer }),
   );
   if (spec.allowedUids) {
     const uids = spec.allowedUids;

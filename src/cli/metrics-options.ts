@@ -1,0 +1,25 @@
+import type { Command } from 'commander';
+import type { Registry } from 'prom-client';
+import type { ListenAddress } from '../http/loopback.js';
+import { createMetricsService, parseMetricsListen } from '../metrics/metrics-service.js';
+import { createRegistry, type Part } from '../metrics/registry.js';
+import type { Service } from '../service/service.js';
+
+/** `--metrics-listen`, the same on every long-running part; off unless given. */
+export function addMetricsOption(cmd: Command): Command {
+  return cmd.option('--metrics-listen <host:port|off>', 'serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, a port of its own)', 'off');
+}
+
+export interface PartMetrics {
+  registry: Registry;
+  /** The /metrics endpoint, run beside the part. */
+  service: Service;
+}
+
+/** The part's registry and endpoint, or undefined when metrics are off. */
+export function metricsFrom(opts: { metricsListen?: unknown }, part: Part, partListen?: ListenAddress): PartMetrics | undefined {
+  const listen = parseMetricsListen(typeof opts.metricsListen === 'string' ? opts.metricsListen : undefined, partListen);
+  if (!listen) return undefined;
+  const registry = createRegistry(part);
+  return { registry, service: createMetricsService({ listen, registry }) };
+}
