@@ -8,6 +8,7 @@ import { runBench } from './full.js';
 import { runProfile } from './profile.js';
 import { runSmoke } from './smoke.js';
 import { runRotation } from './rotation.js';
+import { runMetricsCost } from './metrics-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -17,13 +18,17 @@ async function main(): Promise<number> {
   }
   let opts;
   try {
-    opts = parseArgs(argv);
+    opts = parseArgs(argv.filter((a) => a !== '--metrics'));
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}\n`);
     return 2;
   }
   installCleanup();
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
+  if (argv.includes('--metrics')) {
+    process.stdout.write(`${JSON.stringify(await runMetricsCost(opts, log), null, 2)}\n`);
+    return 0;
+  }
   switch (opts.mode) {
     case 'smoke': {
       const r = await runSmoke({ cli: opts.cli, log });
@@ -37,6 +42,7 @@ async function main(): Promise<number> {
       return runRotation(log);
     default:
       await runBench(opts, log);
+      if (opts.mode === 'full') await runMetricsCost(opts, log);
       return opts.mode === 'full' ? runRotation(log) : 0;
   }
 }

@@ -4,6 +4,7 @@ import { request } from 'undici';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, leakedSecrets, startCli, writeToken, type CliProc } from '../test/support/cli-proc.js';
 import { json, MockGateway, sse } from '../test/support/mock-gateway.js';
+import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { until } from '../test/support/poll.js';
 import { binding, loadConfig, startProxy, startRig } from '../test/support/proxy-rig.js';
 import { tempDir } from '../test/support/temp-dir.js';
@@ -337,6 +338,40 @@ t.test('link and apply: renewal iterations, failures, durations, slot expiry, to
   t.equal(a.value('agent_connectors_apply_tokens_total', { result: 'applied' }), 1);
   t.equal(a.value('agent_connectors_apply_tokens_total', { result: 'rejected' }), 0);
   t.same(leakedSecrets(s.text + a.text), [], 'no token or credential in either scrape');
+});
+
+t.test('link: state, polls by result, last sync', async (t) => {
+  const HOST = 'host-metrics-1';
+  const credential = 'hostcred-metrics-5e2b7a91c0d4';
+  knownSecrets.add(credential);
+  const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { [HOST]: credential } });
+  t.teardown(() => gw.close());
+  const dir = tempDir('ac-metrics-link-', t);
+  const handoff = join(dir, 'handoff');
+  const credentialPath = join(dir, 'host-credential');
+  writeToken(credentialPath, credential);
+  const link = startCli(
+    ['link', '--gateway', gw.url, '--credential', credentialPath, '--handoff', handoff, '--state-dir', join(dir, 'state'), '--host-id', HOST]
+      .concat(['--link-backoff-base-ms', '200', '--link-backoff-cap-ms', '400', '--poll-timeout-ms', '1500', '--metrics-listen', '127.0.0.1:0'])
+      .concat(['--forwarder-health', 'http://127.0.0.1:9/healthz', '--cli-proxy-health', 'http://127.0.0.1:9/healthz', '--log-level', 'debug']),
+  );
+  t.teardown(() => link.stop('SIGKILL'));
+  const port = await metricsPort(link);
+  await link.waitForLog((l) => l.msg === 'desired state handed over to apply', 20_000);
+  let s = await scrape(port);
+  await until(async () => (s = await scrape(port)).value('agent_connectors_link_state', { state: 'synced' }) === 1, 'synced');
+  const FAULTS = 12;
+  gw.inject({ kind: 'status5xx', status: 503 }, { endpoint: 'state', times: FAULTS });
+  await until(async () => (s = await scrape(port)).value('agent_connectors_link_state', { state: 'retrying' }) === 1, 'retrying while the Gateway fails');
+  t.equal(s.find('agent_connectors_link_state').reduce((n, x) => n + x.value, 0), 1, 'one state at a time');
+  const failedAt = s.value('agent_connectors_link_last_sync_timestamp_seconds');
+  t.ok(failedAt > 0 && failedAt <= Date.now() / 1000, 'the last sync stays the last good poll');
+  await until(() => link.logs.filter((l) => l.msg?.startsWith('state poll failed')).length >= FAULTS, 'every fault met');
+  await until(async () => (s = await scrape(port)).value('agent_connectors_link_state', { state: 'synced' }) === 1, 'synced again');
+  t.equal(s.value('agent_connectors_link_polls_total', { result: 'retry' }), link.logs.filter((l) => l.msg?.startsWith('state poll failed')).length);
+  t.equal(s.value('agent_connectors_link_polls_total', { result: 'state' }), link.logs.filter((l) => l.msg === 'desired state handed over to apply').length);
+  t.ok(s.value('agent_connectors_link_last_sync_timestamp_seconds') > failedAt, 'a newer sync after the faults');
+  t.same(leakedSecrets(s.text), []);
 });
 
 t.test('--metrics-listen with a one-shot run is refused (nothing could scrape it)', async (t) => {

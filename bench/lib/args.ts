@@ -31,6 +31,8 @@ export const USAGE = `usage: npm run bench -- [options]
   --rotation             only the rotation run: 1 000 token rotations by real fetch + apply
                          against the strict Gateway under load (a full run ends with it too;
                          docs/rotation.md)
+  --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen
+                         off and on, alternating (a full run includes it; docs/metrics.md)
   --reps N               repetitions (default 3)
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections
