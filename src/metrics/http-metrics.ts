@@ -3,7 +3,9 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
 import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel } from './labels.js';
-import { DURATION_BUCKETS } from './registry.js';
+
+/** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
+const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
 
 /** The hot-reloaded file a loopback part serves from. */
 export type ConfigFile = 'instances.json' | 'providers.json';

@@ -23,6 +23,3 @@ export function createRegistry(part: Part): Registry {
   info.set({ version }, 1);
   return registry;
 }
-
-/** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
-export const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
