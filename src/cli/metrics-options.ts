@@ -1,13 +1,21 @@
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import type { Registry } from 'prom-client';
 import type { ListenAddress } from '../http/loopback.js';
 import { createMetricsService, parseMetricsListen } from '../metrics/metrics-service.js';
 import { createRegistry, type Part } from '../metrics/registry.js';
 import type { Service } from '../service/service.js';
 
-/** `--metrics-listen`, the same on every long-running part; off unless given. */
+/**
+ * `--metrics-listen`, the same on every long-running part; off unless given. The variable
+ * lets a unit drop-in turn metrics on with one `Environment=` line, leaving `ExecStart=`
+ * (and the node path install rendered into it) alone.
+ */
+export const METRICS_LISTEN_ENV = 'AGENT_CONNECTORS_METRICS_LISTEN';
+
 export function addMetricsOption(cmd: Command): Command {
-  return cmd.option('--metrics-listen <host:port|off>', 'serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, a port of its own)', 'off');
+  return cmd.addOption(
+    new Option('--metrics-listen <host:port|off>', 'serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, a port of its own)').env(METRICS_LISTEN_ENV).default('off'),
+  );
 }
 
 export interface PartMetrics {
