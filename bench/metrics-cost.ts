@@ -1,10 +1,11 @@
 /**
  * `npm run bench -- --metrics`: what `--metrics-listen` costs the forwarder, as process
  * CPU per forwarded request (the 1 KB tools/call JSON exchange, c=16), metrics off vs on.
- * The two run in alternation, each repetition on a fresh pair of processes against one
- * upstream, so drift on a shared machine hits both sides alike; the medians are compared.
- * With metrics on, the endpoint is scraped once a second, as a Prometheus would (a
- * 15 s interval costs less).
+ * Each repetition starts a fresh pair of forwarders against one upstream and loads them
+ * in alternating one-second slices (2 × --seconds each), so drift on a shared machine
+ * hits both sides alike; the medians over repetitions are compared.
+ * With metrics on, the endpoint is scraped every 15 s, as the README's scrape config
+ * does; what one scrape costs is measured on its own.
  */
 import type { IncomingMessage } from 'node:http';
 import { Registry } from 'prom-client';
@@ -14,8 +15,8 @@ import { createHttpMetrics } from '../src/metrics/http-metrics.js';
 import type { BenchOptions } from './lib/args.js';
 import { endpointsFor } from './full.js';
 import { nodeLoad } from './lib/load.js';
-import { newWorkDir, removeWorkDir, startPeer } from './lib/peers.js';
-import { freePort } from './lib/proc.js';
+import { newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
+import { cpuMicros, freePort } from './lib/proc.js';
 import { median } from './lib/stats.js';
 import { ensureTools } from './lib/tools.js';
 import { startUpstream } from './lib/upstream-ctl.js';
@@ -35,6 +36,8 @@ export interface MetricsCost {
   /** The hook alone, in this process: CPU per request it adds (µs), and that as a share of the median off figure. */
   hookUsPerReq: number;
   hookPct: number;
+  /** CPU of one scrape of the forwarder's /metrics (ms): paid once per scrape interval, not per request. */
+  scrapeMs: number;
 }
 
 /**
@@ -73,7 +76,7 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
   const script = writeWrkScript(work);
   const off: number[] = [];
   const on: number[] = [];
-  const measure = async (metrics: boolean): Promise<number> => {
+  const start = async (metrics: boolean): Promise<{ fwd: Peer; metricsUrl: string; stop: () => Promise<void> }> => {
     const metricsPort = metrics ? await freePort() : 0;
     const fwd = await startPeer('forwarder-warn', {
       cli: opts.cli,
@@ -82,36 +85,72 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
       workDir: work,
       extraArgs: metrics ? ['--metrics-listen', `127.0.0.1:${metricsPort}`] : [],
     });
-    let scraping = true;
+    let scraping = metrics;
+    let wake = (): void => undefined;
     const scraper = (async () => {
-      while (metrics && scraping) {
+      while (scraping) {
         await request(`http://127.0.0.1:${metricsPort}/metrics`).then((r) => r.body.dump(), () => undefined);
-        await new Promise((r) => setTimeout(r, 1000));
+        await new Promise<void>((r) => {
+          const timer = setTimeout(r, 15_000);
+          wake = () => {
+            clearTimeout(timer);
+            r();
+          };
+        });
       }
     })();
-    try {
-      const run = async (s: number): Promise<number | undefined> =>
-        tools.wrk
-          ? (await runWrk({ url: fwd.url('json'), script, connections, seconds: s, pids: fwd.pids(), upstreamPid: upstream.pid })).cpuUsPerReq
-          : (await nodeLoad(fwd.url('json'), connections, s * 1000, fwd.pids())).cpuUsPerReq;
-      await run(1); // warm-up: JIT, connection pool
-      const us = await run(seconds);
-      if (us === undefined) throw new Error('no CPU figure for the forwarder');
-      return us;
-    } finally {
-      scraping = false;
-      await scraper;
-      await fwd.stop();
-    }
+    return {
+      fwd,
+      metricsUrl: `http://127.0.0.1:${metricsPort}/metrics`,
+      stop: async () => {
+        scraping = false;
+        wake();
+        await scraper;
+        await fwd.stop();
+      },
+    };
   };
+  /** One slice of load: [CPU µs, requests]. */
+  const slice = async (fwd: Peer, s: number): Promise<[number, number]> => {
+    const r = tools.wrk
+      ? await runWrk({ url: fwd.url('json'), script, connections, seconds: s, pids: fwd.pids(), upstreamPid: upstream.pid })
+      : await nodeLoad(fwd.url('json'), connections, s * 1000, fwd.pids());
+    if (r.cpuUsPerReq === undefined) throw new Error('no CPU figure for the forwarder');
+    return [r.cpuUsPerReq * r.requests, r.requests];
+  };
+  let scrapeMs = 0;
   try {
+    const probe = await start(true);
+    try {
+      await slice(probe.fwd, 1); // series for every label set the load makes
+      const pid = probe.fwd.pids()[0] as number;
+      const before = cpuMicros(pid);
+      const SCRAPES = 20;
+      for (let k = 0; k < SCRAPES; k++) await request(probe.metricsUrl).then((r) => r.body.dump());
+      scrapeMs = (cpuMicros(pid) - before) / SCRAPES / 1000;
+    } finally {
+      await probe.stop();
+    }
     for (let i = 0; i < reps; i++) {
-      // Alternate which goes first: a trend over the run then cancels out.
-      const first = i % 2 === 0;
-      const a = await measure(!first);
-      const b = await measure(first);
-      (first ? off : on).push(a);
-      (first ? on : off).push(b);
+      // Both processes live side by side and take the load in alternating one-second
+      // slices, so whatever else the machine does in a repetition falls on both alike.
+      const pair = [await start(false), await start(true)] as const;
+      try {
+        for (const p of pair) await slice(p.fwd, 1); // warm-up: JIT, connection pool
+        const cpu = [0, 0];
+        const requests = [0, 0];
+        for (let k = 0; k < seconds * 2; k++) {
+          for (const side of k % 2 === 0 ? [0, 1] : [1, 0]) {
+            const [us, n] = await slice((pair[side] as (typeof pair)[number]).fwd, 1);
+            cpu[side] = (cpu[side] ?? 0) + us;
+            requests[side] = (requests[side] ?? 0) + n;
+          }
+        }
+        off.push((cpu[0] ?? 0) / (requests[0] ?? 1));
+        on.push((cpu[1] ?? 0) / (requests[1] ?? 1));
+      } finally {
+        for (const p of pair) await p.stop();
+      }
       log(`metrics cost rep ${i + 1}/${reps}: off ${off.at(-1)?.toFixed(1)} µs/req, on ${on.at(-1)?.toFixed(1)} µs/req`);
     }
   } finally {
@@ -133,10 +172,12 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
     diffPct: ((medianOn - medianOff) / medianOff) * 100,
     hookUsPerReq,
     hookPct: (hookUsPerReq / medianOff) * 100,
+    scrapeMs,
   };
   log(
     `forwarder CPU per request, metrics off ${medianOff.toFixed(1)} µs, on ${medianOn.toFixed(1)} µs: ${result.diffPct >= 0 ? '+' : ''}${result.diffPct.toFixed(1)} % (median of ${reps}, c=${connections}, ${seconds} s each, ${result.load})`,
   );
+  log(`one scrape of /metrics: ${scrapeMs.toFixed(1)} ms of the forwarder's CPU (every 15 s: ${(scrapeMs / 15).toFixed(2)} ms a second)`);
   log(`the metrics hook alone: ${hookUsPerReq.toFixed(2)} µs of CPU per request = ${result.hookPct.toFixed(2)} % of the forwarder's ${medianOff.toFixed(0)} µs`);
   return result;
 }

@@ -6,12 +6,12 @@ import { createRegistry, type Part } from '../metrics/registry.js';
 import type { Service } from '../service/service.js';
 
 /**
- * `--metrics-listen`, the same on every long-running part; off unless given. The variable
- * lets a unit drop-in turn metrics on with one `Environment=` line, leaving `ExecStart=`
- * (and the node path install rendered into it) alone.
+ * The variable lets a unit drop-in turn metrics on with one `Environment=` line, leaving
+ * `ExecStart=` (and the node path install rendered into it) alone.
  */
 export const METRICS_LISTEN_ENV = 'AGENT_CONNECTORS_METRICS_LISTEN';
 
+/** `--metrics-listen`, the same on every long-running part; off unless given. */
 export function addMetricsOption(cmd: Command): Command {
   return cmd.addOption(
     new Option('--metrics-listen <host:port|off>', 'serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, a port of its own)').env(METRICS_LISTEN_ENV).default('off'),

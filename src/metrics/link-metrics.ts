@@ -1,9 +1,10 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 
 /**
- * The state poll's condition: `starting` (no poll answered yet), `synced` (the last poll answered), `retrying` (failing and
- * backing off; the last good desired state stays), `halted` (the Gateway refused the host
- * credential: re-enrol), `no_credential` (the credential file is unusable).
+ * The state poll's condition: `starting` (no poll answered yet), `synced` (the last poll
+ * answered), `retrying` (failing and backing off; the last good desired state stays),
+ * `halted` (the Gateway refused the host credential: re-enrol), `no_credential` (the
+ * credential file is unusable).
  */
 export const LINK_STATES = ['starting', 'synced', 'retrying', 'halted', 'no_credential'] as const;
 export type LinkState = (typeof LINK_STATES)[number];
