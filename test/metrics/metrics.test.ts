@@ -1,11 +1,12 @@
 import { readFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { collectDefaultMetrics, Registry } from 'prom-client';
+import { Registry } from 'prom-client';
 import t from 'tap';
 import { createHttpMetrics } from '../../src/metrics/http-metrics.js';
 import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, statusLabel } from '../../src/metrics/labels.js';
 import { createLinkMetrics } from '../../src/metrics/link-metrics.js';
+import { registerProcessMetrics } from '../../src/metrics/process-metrics.js';
 import { createApplyMetrics, createRenewalMetrics } from '../../src/metrics/renewal-metrics.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -60,9 +61,9 @@ async function ourNames(): Promise<Set<string>> {
 
 t.test('the dashboard queries only metrics that exist', async (t) => {
   const ours = await ourNames();
-  const defaults = new Registry();
-  collectDefaultMetrics({ register: defaults });
-  const known = new Set([...ours, ...(await defaults.getMetricsAsJSON()).map((m) => m.name)]);
+  const processMetrics = new Registry();
+  registerProcessMetrics(processMetrics);
+  const known = new Set([...ours, ...(await processMetrics.getMetricsAsJSON()).map((m) => m.name)]);
   const dash = JSON.parse(readFileSync(resolve(ROOT, 'dashboards/agent-connectors.grafana.json'), 'utf8')) as { panels: Array<{ targets?: Array<{ expr: string }> }> };
   const exprs = dash.panels.flatMap((p) => p.targets ?? []).map((x) => x.expr);
   t.ok(exprs.length >= 20, `${exprs.length} queries`);
