@@ -2,10 +2,14 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
-import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel } from './labels.js';
+import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
 
 /** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
+
+function routeTotals(): Record<RouteLabel, number> {
+  return { mcp: 0, provider: 0, healthz: 0, other: 0 };
+}
 
 /** The hot-reloaded file a loopback part serves from. */
 export type ConfigFile = 'instances.json' | 'providers.json';
@@ -34,18 +38,23 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
     buckets: DURATION_BUCKETS,
     registers,
   });
-  const bytesIn = new Counter({
-    name: 'agent_connectors_request_body_bytes_total',
-    help: 'Request body bytes received from agents and CLIs.',
-    labelNames: ['http_route'] as const,
-    registers,
-  });
-  const bytesOut = new Counter({
-    name: 'agent_connectors_response_body_bytes_total',
-    help: 'Upstream response body bytes passed to agents and CLIs.',
-    labelNames: ['http_route'] as const,
-    registers,
-  });
+  // Summed here and handed over at the scrape: two fewer prom-client calls per request
+  // (each validates and hashes its labels), which the profile showed.
+  const bytes = { in: routeTotals(), out: routeTotals() };
+  const bytesCounter = (name: string, help: string, totals: Record<RouteLabel, number>): void => {
+    new Counter({
+      name,
+      help,
+      labelNames: ['http_route'] as const,
+      registers,
+      collect() {
+        this.reset();
+        for (const route of ROUTES) this.inc({ http_route: route }, totals[route]);
+      },
+    });
+  };
+  bytesCounter('agent_connectors_request_body_bytes_total', 'Request body bytes received from agents and CLIs.', bytes.in);
+  bytesCounter('agent_connectors_response_body_bytes_total', 'Upstream response body bytes passed to agents and CLIs.', bytes.out);
   const streams = new Gauge({
     name: 'agent_connectors_open_streams',
     help: 'Event streams (text/event-stream answers) open now.',
@@ -104,8 +113,8 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
         { http_route: route, http_request_method: methodLabel(rec.method), http_response_status_code: statusLabel(status), error_type: errorType },
         seconds,
       );
-      if (rec.bytesIn > 0) bytesIn.inc({ http_route: route }, rec.bytesIn);
-      if (rec.bytesOut > 0) bytesOut.inc({ http_route: route }, rec.bytesOut);
+      bytes.in[route] += rec.bytesIn;
+      bytes.out[route] += rec.bytesOut;
       if (typeof rec.mcpMethod === 'string') {
         const method = mcpMethodLabel(rec.mcpMethod);
         const tool = method === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool) : '';
