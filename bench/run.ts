@@ -10,6 +10,7 @@ import { runSmoke } from './smoke.js';
 import { runRotation } from './rotation.js';
 import { runPeerCheck } from './peer-check.js';
 import { runLink } from './link.js';
+import { runMetricsCost } from './metrics-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -20,13 +21,17 @@ async function main(): Promise<number> {
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {
-    opts = parseArgs(argv);
+    opts = parseArgs(argv.filter((a) => a !== '--metrics'));
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}\n`);
     return 2;
   }
   installCleanup();
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
+  if (argv.includes('--metrics')) {
+    process.stdout.write(`${JSON.stringify(await runMetricsCost(opts, log), null, 2)}\n`);
+    return 0;
+  }
   switch (opts.mode) {
     case 'smoke': {
       const r = await runSmoke({ cli: opts.cli, log });
@@ -42,6 +47,7 @@ async function main(): Promise<number> {
       return runLink(log, opts.cli);
     default:
       await runBench(opts, log);
+      if (opts.mode === 'full') await runMetricsCost(opts, log);
       return opts.mode === 'full' ? runRotation(log) : 0;
   }
 }

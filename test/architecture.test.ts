@@ -15,6 +15,7 @@ const LAYERS: ReadonlyArray<readonly string[]> = [
   ['data'],
   ['config', 'service'],
   ['http'],
+  ['metrics'],
   ['forwarder', 'cli-proxy', 'renew', 'shims', 'doctor', 'install', 'gateway-standin', 'dev', 'link'],
   ['cli'],
   ['cli.ts'],

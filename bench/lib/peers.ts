@@ -45,6 +45,8 @@ export interface PeerStartOptions {
   endpoints: Endpoints;
   /** Extra node flags for the Node peers (`--cpu-prof`, …). */
   nodeArgs?: string[];
+  /** Extra CLI options for the forwarder peers (`--metrics-listen …`). */
+  extraArgs?: string[];
   workDir: string;
 }
 
@@ -127,7 +129,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       );
       writeFileSync(join(fdir, 'instances.json'), JSON.stringify(instances, null, 2), { mode: 0o600 });
       const level = name === 'forwarder' ? 'info' : 'warn';
-      const proc = await startNode(opts, dir, ['forwarder', '--state-dir', dir, '--log-level', level]);
+      const proc = await startNode(opts, dir, ['forwarder', '--state-dir', dir, '--log-level', level, ...(opts.extraArgs ?? [])]);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => {
         endpointPath(endpoints, e);
         return `/i/${bindingIdFor(e)}/mcp`;

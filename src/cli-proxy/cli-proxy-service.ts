@@ -1,5 +1,5 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
-import { createLoopbackService } from '../http/loopback-service.js';
+import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
@@ -20,6 +20,8 @@ export interface CliProxyConfig {
   tokenWaitMs?: number;
   /** The audit spool (SPEC §9); undefined: no audit events. */
   audit?: AuditSpoolConfig | undefined;
+  /** Its metrics, when `--metrics-listen` is on. */
+  observer?: PartObserver | undefined;
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
@@ -45,6 +47,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     allowedUids: config.allowedUids,
     agentUsersFile: config.agentUsersFile,
     peerUids: config.audit !== undefined,
+    observer: config.observer,
   });
   const audit = config.audit;
   if (!audit) return proxy;

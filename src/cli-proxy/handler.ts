@@ -180,6 +180,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     }
     out.location = rewritten;
   }
+  deps.observer?.answering(res, upstream.headers['content-type']);
   const outcome = await call.pipe(upstream.statusCode, out);
   rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;

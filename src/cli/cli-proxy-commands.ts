@@ -12,6 +12,8 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
+import { createHttpMetrics } from '../metrics/http-metrics.js';
+import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { addServerOptions, layoutFrom, loggerFrom, parseOption, positiveInt, serverOptions } from './options.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 
@@ -36,8 +38,7 @@ export function pathSetupCommand(agent: AgentName, dir: string): string {
 
 export function registerCliProxyCommands(program: Command): void {
   addServerOptions(
-    program
-      .command('cli-proxy')
+    addMetricsOption(program.command('cli-proxy'))
       .description('serve http://127.0.0.1:14324/p/<provider>/…, injecting each provider\'s token for shell CLIs')
       .option('--state-dir <dir>', 'state root')
       .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
@@ -55,10 +56,12 @@ export function registerCliProxyCommands(program: Command): void {
             dir: typeof opts.auditDir === 'string' ? resolve(opts.auditDir) : layout.audit,
             maxEvents: parseOption(positiveInt, opts.auditMaxEvents, '--audit-max-events'),
           };
+    const server = serverOptions(opts);
+    const metrics = metricsFrom(opts, 'cli-proxy', server.listen);
     const service = createCliProxyService({
-      config: { ...serverOptions(opts), providersPath: layout.providers, audit },
+      config: { ...server, providersPath: layout.providers, audit, observer: metrics && createHttpMetrics(metrics.registry, 'providers.json') },
     });
-    await runServices([service], { log, notifier: createNotifier({ log }) });
+    await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
   });
 
   const shims = program.command('shims').description('PATH shims that point shell CLIs at the cli-proxy');

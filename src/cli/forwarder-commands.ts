@@ -16,6 +16,8 @@ import { bindingIdSchema, bindingSchema, type Binding } from '../data/registry.j
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
+import { createHttpMetrics } from '../metrics/http-metrics.js';
+import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { addServerOptions, layoutFrom, loggerFrom, parseOption, serverOptions } from './options.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
@@ -54,18 +56,19 @@ const credentialHelp = `host credential whose presence marks the host enrolled (
 
 export function registerForwarderCommands(program: Command): void {
   addServerOptions(
-    program
-      .command('forwarder')
+    addMetricsOption(program.command('forwarder'))
       .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
       .option('--state-dir <dir>', 'state root (default: $STATE_DIRECTORY, /var/lib/agent-connectors as root, else XDG state)')
       .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)'),
     { listen: DEFAULT_FORWARDER_LISTEN, bodyLimit: DEFAULT_BODY_LIMIT },
   ).action(async (opts: Record<string, string>) => {
     const log = loggerFrom(opts);
+    const server = serverOptions(opts);
+    const metrics = metricsFrom(opts, 'forwarder', server.listen);
     const service = createForwarderService({
-      config: { ...serverOptions(opts), instancesPath: layoutFrom(opts).instances },
+      config: { ...server, instancesPath: layoutFrom(opts).instances, observer: metrics && createHttpMetrics(metrics.registry, 'instances.json') },
     });
-    await runServices([service], { log, notifier: createNotifier({ log }) });
+    await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
   });
 
   program

@@ -11,14 +11,17 @@ import { readPairingCode } from '../link/pairing-code.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { createLinkMetrics } from '../metrics/link-metrics.js';
+import { createRenewalMetrics } from '../metrics/renewal-metrics.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { version } from '../version.js';
+import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { layoutFrom, logLevelOption, loggerFrom, loopbackHttpUrl, parseOption, positiveInt } from './options.js';
 
 /** The options of `link` and its alias `renew fetch`. */
 export function addLinkOptions(cmd: Command): Command {
-  return cmd
+  return addMetricsOption(cmd)
     .option('--gateway <url>', 'Gateway base URL (default: $AGENT_CONNECTORS_GATEWAY_URL)')
     .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
     .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
@@ -54,6 +57,8 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
       : undefined;
   if (!credentialPath) throw new ConfigError('--credential FILE is required outside systemd (no $CREDENTIALS_DIRECTORY)');
   const once = Boolean(opts.once);
+  const metrics = metricsFrom(opts, 'link');
+  if (metrics && once) throw new ConfigError('--metrics-listen is for the long-running link: --once exits before anything could scrape it');
   const services: Service[] = [
     createFetchService({
       ...defaultFetchConfig,
@@ -64,8 +69,10 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
       once,
       onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
       backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
+      metrics: metrics && createRenewalMetrics(metrics.registry),
     }),
   ];
+  if (metrics) services.push(metrics.service);
   const rawHostId = (opts.hostId as string | undefined) ?? process.env.AGENT_CONNECTORS_HOST_ID;
   if (once) {
     // --once keeps its meaning: renewals only.
@@ -86,6 +93,7 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
               capMs: parseOption(positiveInt, opts.linkBackoffCapMs, '--link-backoff-cap-ms'),
             },
             credentialRecheckMs: parseOption(positiveInt, opts.credentialRecheckMs, '--credential-recheck-ms'),
+            metrics: metrics && createLinkMetrics(metrics.registry),
           },
           presence: {
             ...defaultPresenceConfig,

@@ -1,14 +1,17 @@
 import { resolve } from 'node:path';
 import { type Command } from 'commander';
 import { stateLayout } from '../data/state-layout.js';
+import { ConfigError } from '../errors.js';
 import { createApplyService } from '../renew/apply-service.js';
 import { handoffPaths } from '../data/handoff.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
+import { createApplyMetrics } from '../metrics/renewal-metrics.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { DEFAULT_CLI_PROXY_LISTEN, defaultShimDir } from './cli-proxy-commands.js';
 import { addLinkOptions, runLink } from './link-commands.js';
+import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { layoutFrom, logLevelOption, loggerFrom, loopbackHttpUrl, parseOption } from './options.js';
 
 /** Where apply writes token files unless a binding or the catalog names another path. */
@@ -26,8 +29,7 @@ export function registerRenewCommands(program: Command): void {
       .description('alias of `agent-connectors link`: renewals, and on an enrolled host the state poll and presence'),
   ).action(runLink);
 
-  renew
-    .command('apply')
+  addMetricsOption(renew.command('apply'))
     .description('write fetched tokens from the hand-off inbox into token files')
     .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
     .option('--state-dir <dir>', 'state root (token files, instances.json, providers.json)')
@@ -43,6 +45,8 @@ export function registerRenewCommands(program: Command): void {
       const targets = { stateDir: layout.root, instancesPath: layout.instances, providersPath: layout.providers };
       const shimDir = resolve(typeof opts.shimDir === 'string' ? opts.shimDir : defaultShimDir(layout.root));
       const proxyUrl = new URL(parseOption(loopbackHttpUrl, opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`, '--proxy-url')).origin;
+      const metrics = metricsFrom(opts, 'apply');
+      if (metrics && !opts.watch) throw new ConfigError('--metrics-listen needs --watch: a one-shot apply exits before anything could scrape it');
       const service = createApplyService({
         watch: Boolean(opts.watch),
         rescanMs: 30_000,
@@ -58,7 +62,8 @@ export function registerRenewCommands(program: Command): void {
             log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
           },
         },
+        metrics: metrics && createApplyMetrics(metrics.registry),
       });
-      await runServices([service], { log, notifier: createNotifier({ log }) });
+      await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
     });
 }

@@ -1,5 +1,5 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
-import { createLoopbackService } from '../http/loopback-service.js';
+import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
 import type { ListenAddress } from '../http/loopback.js';
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { Service } from '../service/service.js';
@@ -17,6 +17,8 @@ export interface ForwarderConfig {
   agentUsersFile?: string | undefined;
   /** After an upstream 401, how long a request waits for a renewed token (default 5 s). */
   tokenWaitMs?: number;
+  /** Its metrics, when `--metrics-listen` is on. */
+  observer?: PartObserver | undefined;
 }
 
 export interface ForwarderDepsIn {
@@ -39,5 +41,6 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     onListening: deps.onListening,
     allowedUids: config.allowedUids,
     agentUsersFile: config.agentUsersFile,
+    observer: config.observer,
   });
 }

@@ -111,6 +111,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     }
   }
 
+  deps.observer?.answering(res, head.headers['content-type']);
   const outcome = await call.pipe(head.statusCode, filterHeaderRecord(head.headers, upstreamToAgentPolicy));
   rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;

@@ -10,7 +10,7 @@ import type { Service, ServiceContext } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
-import type { PipelineDeps } from './request-pipeline.js';
+import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
 
 /** The link's unit runs as a DynamicUser named after the unit (units/agent-connectors-renew-fetch.service). */
@@ -39,6 +39,12 @@ export interface LoopbackServiceSpec<T> {
   agentUsersFile?: string | undefined;
   /** Read each connection's peer UID even without `allowedUids` (the cli-proxy's audit names it). */
   peerUids?: boolean | undefined;
+  /** The part's metrics (`--metrics-listen`): its requests and each load of its config file. */
+  observer?: PartObserver | undefined;
+}
+
+export interface PartObserver extends RequestObserver {
+  configLoaded(ok: boolean, entries: number): void;
 }
 
 /**
@@ -63,6 +69,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
             log.error({ error: state.error, [spec.config.countField]: count }, `${spec.config.label} rejected; keeping last good`);
           }
           void notifier.status(statusLine(spec, config));
+          spec.observer?.configLoaded(change.ok, count);
         },
       });
       const cleanups: Array<() => Promise<void> | void> = [];
@@ -99,7 +106,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
   const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
   const server = createLoopbackServer(
-    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf }),
+    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer }),
   );
   let access: PeerAccess | undefined;
   if (checked) {

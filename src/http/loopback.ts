@@ -11,15 +11,15 @@ export interface ListenAddress {
 }
 
 /** Parses `--listen HOST:PORT` (IPv6 as `[::1]:PORT`) and refuses anything not on loopback. */
-export function parseListen(value: string): ListenAddress {
+export function parseListen(value: string, flag = '--listen'): ListenAddress {
   const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(value.trim());
-  if (!m?.[1] || !m[2]) throw new ConfigError(`--listen must be HOST:PORT, got "${value}"`);
+  if (!m?.[1] || !m[2]) throw new ConfigError(`${flag} must be HOST:PORT, got "${value}"`);
   const port = Number(m[2]);
-  if (port > 65535) throw new ConfigError(`--listen port out of range: ${port}`);
+  if (port > 65535) throw new ConfigError(`${flag} port out of range: ${port}`);
   const host = m[1].startsWith('[') ? m[1].slice(1, -1) : m[1];
   if (host.toLowerCase() === 'localhost') return { host: '127.0.0.1', port };
   if (!isLoopbackAddress(host)) {
-    throw new ConfigError(`--listen must be a loopback address (127.0.0.0/8 or ::1); refusing "${host}"`);
+    throw new ConfigError(`${flag} must be a loopback address (127.0.0.0/8 or ::1); refusing "${host}"`);
   }
   return { host, port };
 }

@@ -38,6 +38,17 @@ export interface PipelineDeps {
   peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
   /** With `peerUids` or `allowedUids` set: the UID of this connection's peer (read once per connection). */
   peerUid?: ((req: IncomingMessage) => Promise<number | undefined>) | undefined;
+  observer?: RequestObserver | undefined;
+}
+
+/**
+ * What a part's metrics see of its requests (src/metrics implements it; the pipeline only
+ * calls it): every request once when it closes, and each answer that opened an event stream.
+ */
+export interface RequestObserver {
+  closed(req: IncomingMessage, rec: AccessRecord, seconds: number): void;
+  /** The upstream answered with `contentType`; an event stream is counted open until `res` closes. */
+  answering(res: ServerResponse, contentType: string | string[] | undefined): void;
 }
 
 export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord) => Promise<void>;
@@ -60,6 +71,7 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
       const durationMs = Number(process.hrtime.bigint() - started) / 1e6;
       rec.durationMs = Math.round(durationMs * 1000) / 1000;
       access(rec);
+      deps.observer?.closed(req, rec, durationMs / 1000);
     });
     deps.inflight.add(res);
 

@@ -4,6 +4,7 @@ import { parseDesiredState, MAX_STATE_BYTES } from '../data/desired-state.js';
 import { handoffPaths } from '../data/handoff.js';
 import { linkUrl, STATE_PATH, STATE_POLL_MAX_MS } from '../data/link-wire.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import type { LinkMetrics } from '../metrics/link-metrics.js';
 import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
@@ -24,6 +25,8 @@ export interface StatePollerConfig {
   onHandedOver?: (version: number) => void;
   /** Told how each poll ended (link-status.json for doctor). */
   onPoll?: (event: PollEvent) => void;
+  /** Link state and last sync (`--metrics-listen`). */
+  metrics?: LinkMetrics | undefined;
 }
 
 export const defaultStatePollerConfig = {
@@ -117,8 +120,12 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
 
       const step = async (): Promise<number> => {
         const read = credential.read();
-        if (read.kind === 'halted') return config.credentialRecheckMs;
+        if (read.kind === 'halted') {
+          config.metrics?.state('halted');
+          return config.credentialRecheckMs;
+        }
         if (read.kind === 'unusable') {
+          config.metrics?.state('no_credential');
           if (!unusableLogged) {
             config.onPoll?.({ kind: 'unusable', detail: read.reason });
             log.error({ path: credential.path, problem: read.reason }, 'host credential unusable; the state poll waits for it');
@@ -131,6 +138,7 @@ export function createStatePoller(config: StatePollerConfig, credential: LinkCre
         const { cut, value: outcome } = await credential.unlessHalted(signal, (s) => pollOnce(agent, config, read.credential, after, s));
         if (signal.aborted) return 0;
         if (cut) return config.credentialRecheckMs;
+        config.metrics?.polled(outcome.kind);
         switch (outcome.kind) {
           case 'unchanged':
             attempt = 0;

@@ -1,6 +1,7 @@
 import { basename } from 'node:path';
 import { checkWritableDir } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
+import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
@@ -21,6 +22,8 @@ export interface ApplyConfig {
    * the file, apply does only what it always did.
    */
   reconcile?: Pick<ReconcileDeps, 'layout' | 'instancesPath' | 'providersPath' | 'renderShims'>;
+  /** Tokens applied, ignored and rejected (`--metrics-listen`). */
+  metrics?: ApplyMetrics | undefined;
 }
 
 /**
@@ -55,6 +58,7 @@ export function createApplyService(config: ApplyConfig): Service {
           }
           const stats = await applyInbox({ ...deps, managed: config.reconcile !== undefined && existsSync(paths.desiredState) });
           if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
+          config.metrics?.applied(stats);
         } catch (err) {
           // Stopped while waiting for the lock: nothing half done, the next run applies.
           if (!signal.aborted) throw err;

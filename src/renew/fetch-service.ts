@@ -4,6 +4,7 @@ import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
 import { SlotCache } from '../data/slot-cache.js';
 import type { Logger } from '../log/logger.js';
+import type { RenewalMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { readTokenFile } from '../token/token-file.js';
@@ -33,6 +34,8 @@ export interface FetchConfig {
   backoff: BackoffOptions;
   /** Longest sleep between scans even when nothing is due (catches missed file events). */
   maxSleepMs: number;
+  /** Iterations, failures, durations and each slot's token expiry (`--metrics-listen`). */
+  metrics?: RenewalMetrics | undefined;
 }
 
 export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000 };
@@ -100,7 +103,9 @@ export function createFetchService(config: FetchConfig): Service {
         const current = slotStates.get(slot.slot) ?? freshSlot;
         const due = dueAt(slot, await state.read(slot.slot), current);
         if (due > now) return due;
+        const started = performance.now();
         const outcome = await renewSlot(fetchDeps, slot, credential);
+        config.metrics?.iteration(outcome.kind, (performance.now() - started) / 1000);
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
         const decision = decide(current, outcome, Date.now(), { backoff: config.backoff });
         if (decision.kind === 'halt') return 'halt';
@@ -137,6 +142,11 @@ export function createFetchService(config: FetchConfig): Service {
         seen = present;
         let next = now + config.maxSleepMs;
         unsettled = 0;
+        for (const slot of slots) {
+          // The token in force is the one apply wrote, so the slot file tells its expiry.
+          if (slot.revoked) config.metrics?.forget(slot.slot);
+          else if (slot.expiresAt) config.metrics?.expiry(slot.slot, slot.expiresAt);
+        }
         for (const slot of slots) {
           if (signal.aborted) break;
           if (slot.revoked) continue;

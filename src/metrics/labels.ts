@@ -1,0 +1,113 @@
+import { errorCodes } from '../errors.js';
+
+/**
+ * Label values come from fixed sets, or are capped: a series is created per distinct
+ * label set and never freed, so a value a client controls (a method, a tool name) must not
+ * be able to grow the process without bound. Nothing here ever holds a path, a query
+ * string, a header value or an argument.
+ */
+
+export const OTHER = '_OTHER';
+
+export const ROUTES = ['mcp', 'provider', 'healthz', 'other'] as const;
+export type RouteLabel = (typeof ROUTES)[number];
+
+/** The route of a request target: which of the parts' fixed routes it asked for. */
+export function routeOf(target: string | undefined): RouteLabel {
+  if (!target) return 'other';
+  if (target.startsWith('/i/')) return 'mcp';
+  if (target.startsWith('/p/')) return 'provider';
+  if (target === '/healthz' || target.startsWith('/healthz?')) return 'healthz';
+  return 'other';
+}
+
+// OpenTelemetry's http.request.method: the known methods, anything else `_OTHER`.
+const METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH']);
+
+export function methodLabel(method: string): string {
+  return METHODS.has(method) ? method : OTHER;
+}
+
+export function statusLabel(status: number | undefined): string {
+  return status !== undefined && Number.isInteger(status) && status >= 100 && status <= 599 ? String(status) : OTHER;
+}
+
+const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed']);
+
+/**
+ * OpenTelemetry's error.type: empty when the call succeeded, else the stable error code of
+ * src/errors.ts (or how a stream ended early). An upstream's own 4xx/5xx passes through as
+ * a success of ours; its status code says the rest.
+ */
+export function errorTypeOf(outcome: string): string | undefined {
+  if (outcome === 'ok' || outcome === 'health') return undefined;
+  return ERROR_TYPES.has(outcome) ? outcome : OTHER;
+}
+
+// The methods of the MCP specification (2025-06-18, plus tasks); a batch, a response or
+// anything else a client invents is `_OTHER`.
+const MCP_METHODS: ReadonlySet<string> = new Set([
+  'initialize',
+  'ping',
+  'tools/list',
+  'tools/call',
+  'resources/list',
+  'resources/read',
+  'resources/templates/list',
+  'resources/subscribe',
+  'resources/unsubscribe',
+  'prompts/list',
+  'prompts/get',
+  'completion/complete',
+  'logging/setLevel',
+  'sampling/createMessage',
+  'elicitation/create',
+  'roots/list',
+  'tasks/get',
+  'tasks/list',
+  'tasks/result',
+  'tasks/cancel',
+  'notifications/initialized',
+  'notifications/cancelled',
+  'notifications/progress',
+  'notifications/roots/list_changed',
+  'notifications/message',
+]);
+
+export function mcpMethodLabel(method: string): string {
+  return MCP_METHODS.has(method) ? method : OTHER;
+}
+
+export const TOKEN_FAILURE_REASONS = ['missing', 'empty', 'unreadable', 'malformed'] as const;
+
+export function tokenReasonLabel(reason: string): string {
+  return (TOKEN_FAILURE_REASONS as readonly string[]).includes(reason) ? reason : OTHER;
+}
+
+export const MAX_LABEL_LENGTH = 64;
+export const MAX_DISTINCT = 100;
+// MCP's tool name alphabet (and `:` of slot names); any other value is not one we label a series with.
+const NAME = /^[A-Za-z0-9_.:\-/]+$/;
+
+/**
+ * A label value a client or the platform chooses (a tool name, a slot): kept as sent,
+ * capped in length, for the first `max` distinct values; every later one is `_other`, so a
+ * flood of invented names adds one series, not one per name.
+ */
+export class CappedLabel {
+  private readonly seen = new Set<string>();
+
+  constructor(
+    private readonly max = MAX_DISTINCT,
+    private readonly maxLength = MAX_LABEL_LENGTH,
+  ) {}
+
+  of(value: string): string {
+    const v = value.slice(0, this.maxLength);
+    if (this.seen.has(v)) return v;
+    if (!NAME.test(v)) return '_invalid';
+    if (this.seen.size >= this.max) return '_other';
+    this.seen.add(v);
+    return v;
+  }
+}

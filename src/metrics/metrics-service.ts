@@ -1,0 +1,73 @@
+import { createServer, type ServerResponse } from 'node:http';
+import type { Registry } from 'prom-client';
+import { ConfigError } from '../errors.js';
+import { checkHost, parseListen, type ListenAddress } from '../http/loopback.js';
+import { listen } from '../http/server.js';
+import type { Service } from '../service/service.js';
+
+/**
+ * `--metrics-listen HOST:PORT`: loopback only, like the proxies (the series name tools and
+ * slots, nothing secret, but nothing for the network either), and never the agents' own
+ * port, so a scrape is never mistaken for an agent's request. `off` (the default) serves
+ * nothing.
+ */
+export function parseMetricsListen(value: string | undefined, partListen?: ListenAddress): ListenAddress | undefined {
+  if (value === undefined || value === 'off') return undefined;
+  const address = parseListen(value, '--metrics-listen');
+  if (partListen && address.port !== 0 && address.port === partListen.port) {
+    throw new ConfigError(`--metrics-listen must not be the part's own port (${partListen.port}): metrics get a port of their own`);
+  }
+  return address;
+}
+
+export interface MetricsServiceOptions {
+  listen: ListenAddress;
+  registry: Registry;
+  /** Called once listening, with the bound port (tests use port 0). */
+  onListening?: (port: number) => void;
+}
+
+/**
+ * Serves the registry in Prometheus text at `GET /metrics`, nothing else. The Host check
+ * is the proxies' (a web page reached through DNS rebinding reads nothing); the values are
+ * computed at the scrape, so between scrapes this costs nothing.
+ */
+export function createMetricsService(options: MetricsServiceOptions): Service {
+  return {
+    name: 'metrics',
+    async run({ signal, log }) {
+      let port = options.listen.port;
+      const server = createServer({ maxHeaderSize: 16 * 1024, headersTimeout: 10_000, requestTimeout: 30_000 }, (req, res) => {
+        const path = (req.url ?? '').split('?')[0];
+        if (!checkHost(req.headers.host, port).ok) return answer(res, 403, 'forbidden host\n');
+        if (path !== '/metrics') return answer(res, 404, 'not found: the metrics are at /metrics\n');
+        if (req.method !== 'GET' && req.method !== 'HEAD') return answer(res, 405, 'method not allowed\n', { allow: 'GET, HEAD' });
+        options.registry.metrics().then(
+          (text) => {
+            res.writeHead(200, { 'content-type': options.registry.contentType, 'cache-control': 'no-store' });
+            res.end(req.method === 'HEAD' ? undefined : text);
+          },
+          (err: unknown) => {
+            log.warn({ err: { message: (err as Error).message } }, 'metrics collection failed');
+            answer(res, 500, 'metrics collection failed\n');
+          },
+        );
+      });
+      const bound = await listen(server, options.listen);
+      port = bound.port;
+      log.info({ address: bound.address, port: bound.port }, 'metrics listening');
+      options.onListening?.(bound.port);
+      await new Promise<void>((resolve) => {
+        if (signal.aborted) resolve();
+        else signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+function answer(res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {
+  res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', ...headers });
+  res.end(text);
+}

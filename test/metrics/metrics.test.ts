@@ -1,0 +1,86 @@
+import { readFileSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Registry } from 'prom-client';
+import t from 'tap';
+import { createHttpMetrics } from '../../src/metrics/http-metrics.js';
+import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, statusLabel } from '../../src/metrics/labels.js';
+import { createLinkMetrics } from '../../src/metrics/link-metrics.js';
+import { registerProcessMetrics } from '../../src/metrics/process-metrics.js';
+import { createApplyMetrics, createRenewalMetrics } from '../../src/metrics/renewal-metrics.js';
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
+
+t.test('a capped label keeps the first names, caps their length, and folds the rest into _other', async (t) => {
+  const l = new CappedLabel(3, 8);
+  t.equal(l.of('search'), 'search');
+  t.equal(l.of('a_very_long_tool_name'), 'a_very_l', 'capped in length');
+  t.equal(l.of('a_very_long_other_name'), 'a_very_l', 'the same capped name is the same series');
+  t.equal(l.of('fetch'), 'fetch');
+  t.equal(l.of('fourth'), '_other', 'past the cap');
+  t.equal(l.of('search'), 'search', 'a name seen before keeps its series');
+  t.equal(l.of('has space'), '_invalid');
+  t.equal(l.of('tok=abc'), '_invalid', 'never a value with = or other punctuation');
+  t.equal(new CappedLabel().of('instance:inst-1'), 'instance:inst-1', 'slot names');
+});
+
+t.test('label values from fixed sets', async (t) => {
+  t.equal(routeOf('/i/abcdefgh/mcp?x=1'), 'mcp');
+  t.equal(routeOf('/p/notion/v1/search'), 'provider');
+  t.equal(routeOf('/healthz'), 'healthz');
+  t.equal(routeOf('/healthz?probe'), 'healthz');
+  t.equal(routeOf('/healthzz'), 'other');
+  t.equal(routeOf('http://evil/'), 'other');
+  t.equal(routeOf(undefined), 'other');
+  t.equal(methodLabel('POST'), 'POST');
+  t.equal(methodLabel('BREW'), '_OTHER');
+  t.equal(statusLabel(404), '404');
+  t.equal(statusLabel(undefined), '_OTHER');
+  t.equal(statusLabel(999), '_OTHER');
+  t.equal(errorTypeOf('ok'), undefined);
+  t.equal(errorTypeOf('health'), undefined);
+  t.equal(errorTypeOf('token_unavailable'), 'token_unavailable');
+  t.equal(errorTypeOf('client_closed'), 'client_closed');
+  t.equal(errorTypeOf('anything else'), '_OTHER');
+  t.equal(mcpMethodLabel('tools/call'), 'tools/call');
+  t.equal(mcpMethodLabel('batch:tools/call'), '_OTHER');
+  t.equal(mcpMethodLabel('x'.repeat(64)), '_OTHER');
+});
+
+/** Every metric name the parts register (built in-process, as each part builds its own). */
+async function ourNames(): Promise<Set<string>> {
+  const registry = new Registry();
+  createHttpMetrics(registry, 'instances.json');
+  createRenewalMetrics(registry);
+  createApplyMetrics(registry);
+  createLinkMetrics(registry);
+  const names = new Set((await registry.getMetricsAsJSON()).map((m) => m.name));
+  names.add('agent_connectors_build_info'); // registry.ts, which reads package.json
+  return names;
+}
+
+t.test('the dashboard queries only metrics that exist', async (t) => {
+  const ours = await ourNames();
+  const processMetrics = new Registry();
+  registerProcessMetrics(processMetrics);
+  const known = new Set([...ours, ...(await processMetrics.getMetricsAsJSON()).map((m) => m.name)]);
+  const dash = JSON.parse(readFileSync(resolve(ROOT, 'dashboards/agent-connectors.grafana.json'), 'utf8')) as { panels: Array<{ targets?: Array<{ expr: string }> }> };
+  const exprs = dash.panels.flatMap((p) => p.targets ?? []).map((x) => x.expr);
+  t.ok(exprs.length >= 20, `${exprs.length} queries`);
+  const used = new Set(exprs.flatMap((e) => [...e.matchAll(/\b((?:agent_connectors|http_server|mcp_server|process|nodejs)_[a-z0-9_]+)/g)].map((m) => m[1] as string)));
+  const unknown = [...used].filter((n) => !known.has(n) && !known.has(n.replace(/_(bucket|count|sum)$/, '')));
+  t.same(unknown, [], 'every metric in the dashboard is one a part serves');
+  for (const name of ['http_server_request_duration_seconds', 'mcp_server_operation_duration_seconds', 'agent_connectors_token_expiry_timestamp_seconds', 'agent_connectors_link_state']) {
+    t.ok([...used].some((u) => u.startsWith(name)), `the dashboard shows ${name}`);
+  }
+});
+
+t.test("the README's metric list names every metric, and no other", async (t) => {
+  const ours = await ourNames();
+  const readme = readFileSync(resolve(ROOT, 'README.md'), 'utf8');
+  const section = readme.slice(readme.indexOf('## Metrics'), readme.indexOf('\n## ', readme.indexOf('## Metrics') + 1));
+  t.ok(section.length > 100, 'README has a Metrics section');
+  const listed = new Set([...section.matchAll(/^\| `([a-z_]+)`/gm)].map((m) => m[1] as string));
+  t.same([...ours].filter((n) => !listed.has(n)).sort(), [], 'missing from the README');
+  t.same([...listed].filter((n) => !ours.has(n)).sort(), [], 'listed but not served');
+});
