@@ -39,7 +39,9 @@ export class AuditSpool {
 
   /** Creates the directory if missing, removes what a killed writer left, reads the counters. */
   async open(): Promise<void> {
-    await mkdir(this.#config.dir, { recursive: true, mode: 0o2770 });
+    // No setgid bit in the mode: the units' RestrictSUIDSGID= answers any mkdir that asks
+    // for one with EPERM, even for a directory that exists. tmpfiles.d creates it 2770.
+    await mkdir(this.#config.dir, { recursive: true, mode: 0o770 });
     const swept = await sweepStaleTemps(this.#config.dir);
     if (swept.length > 0) this.#log.info({ removed: swept.length }, 'audit spool: removed partial writes of a killed process');
     this.#count = (await listAuditSpool(this.#config.dir)).length;

@@ -80,7 +80,9 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
     name: 'link-audit',
     async run({ signal, log, onReload }) {
       // tmpfiles.d makes it under systemd (2770, shared with the cli-proxy); elsewhere the first of the two to start does.
-      await mkdir(config.dir, { recursive: true, mode: 0o2770 });
+      // No setgid bit in the mode: the units' RestrictSUIDSGID= answers any mkdir that asks
+      // for one with EPERM, even for a directory that exists. tmpfiles.d creates it 2770.
+      await mkdir(config.dir, { recursive: true, mode: 0o770 });
       const agent = new Agent({ headersTimeout: config.requestTimeoutMs, bodyTimeout: config.requestTimeoutMs, connect: { timeout: 10_000 } });
       let attempt = 0;
       let lastSent = 0;
