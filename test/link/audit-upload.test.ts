@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
@@ -31,6 +31,11 @@ function spoolEvent(dir: string): AuditEvent {
   return event;
 }
 
+/** The spooled events (the link's upload.json and the writer's dropped.json are not events). */
+function spooled(dir: string): string[] {
+  return readdirSync(dir).filter((n) => /^\d{15}-/.test(n));
+}
+
 t.test('an event spooled right after an upload goes up at the end of the gap, not at the next rescan; a 401 halts the upload', async (t) => {
   const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { 'host-1': 'cred-audit-unit' } });
   t.teardown(() => gw.close());
@@ -50,18 +55,19 @@ t.test('an event spooled right after an upload goes up at the end of the gap, no
 
   const first = spoolEvent(dir);
   await until(() => gw.control.auditEvents.length === 1, 'first event stored');
-  await until(() => lines.some((l) => l.includes('audit events uploaded')) && readdirSync(dir).length === 0, 'first upload done');
+  await until(() => lines.some((l) => l.includes('audit events uploaded')) && spooled(dir).length === 0, 'first upload done');
   // Within the gap after that upload, while the loop rests for the rescan.
   const second = spoolEvent(dir);
   await until(() => gw.control.auditEvents.length === 2, 'second event stored within the gap, not the rescan', 20_000);
   t.same(gw.control.auditEvents.map((r) => r.event.id), [first.id, second.id]);
-  await until(() => readdirSync(dir).length === 0, 'both deleted once accepted');
+  await until(() => spooled(dir).length === 0, 'both deleted once accepted');
 
   gw.control.revokeHost('host-1');
   spoolEvent(dir);
   await until(() => lines.some((l) => l.includes('host credential rejected by the Gateway (401)')), 'a 401 halts the link');
-  t.equal(readdirSync(dir).length, 1, 'a refused event stays spooled');
+  t.equal(spooled(dir).length, 1, 'a refused event stays spooled');
   t.notOk(lines.join('\n').includes('cred-audit-unit'), 'the credential is never logged');
+  t.match(JSON.parse(readFileSync(join(dir, 'upload.json'), 'utf8')), { lastAccepted: 1 }, 'upload.json records the last accepted batch for status');
 
   signals.emit('SIGTERM', 'SIGTERM');
   await running;
