@@ -134,7 +134,7 @@ t.test('presence faults: the link keeps reporting and the host keeps serving', a
   figures.presenceFaultsSurvived = faults.length;
 });
 
-t.test('10 000 bindings in one state: taken whole, served, a hundred dropped again; the existing binding serves throughout', async (t) => {
+t.test('10 000 bindings in one state: taken whole, served, ten dropped again; the existing binding serves throughout', async (t) => {
   t.setTimeout(880_000);
   const pid = link.child.pid as number;
   const before = usage(pid);
@@ -156,16 +156,16 @@ t.test('10 000 bindings in one state: taken whole, served, a hundred dropped aga
   const after = usage(pid);
   figures.linkUnder10k = JSON.stringify({ cpuS: Math.round((after.cpuS - before.cpuS) * 100) / 100, rssMiB: after.rssMiB });
 
-  // A hundred of them dropped (the stand-in drops one binding per version; 10 000 such
-  // versions would measure the stand-in, not the host).
-  const dropped = Object.entries(big).slice(0, 100);
+  // Ten of them dropped, one version each (the stand-in drops one binding per version; each
+  // version rewrites a 10 000-entry registry, so more would only make the file slower).
+  const dropped = Object.entries(big).slice(0, 10);
   const t1 = Date.now();
   for (const [id] of dropped) w.gw.control.disconnectBinding(id);
   await apply.waitForLog(appliedLine(w.gw.control.version), 400_000);
-  figures.hundredDroppedMs = Date.now() - t1;
+  figures.tenDroppedMs = Date.now() - t1;
   t.same(dropped.filter(([, b]) => existsSync(w.instanceToken(b.instanceId))), [], 'no token file of a dropped binding left');
   t.same(dropped.filter(([, b]) => existsSync(join(w.handoff, 'slots', `instance:${b.instanceId}.json`))), [], 'their slots retired');
-  t.equal(Object.keys(readJson(join(w.applyState, 'mcp-forwarder', 'instances.json'))).length, 10_000 - 100, 'the rest stay');
+  t.equal(Object.keys(readJson(join(w.applyState, 'mcp-forwarder', 'instances.json'))).length, 10_000 - 10, 'the rest stay');
   t.ok(existsSync(w.instanceToken('inst-kept')), 'the kept binding keeps its token');
   await servingLastGood(t, 'after dropping them');
 });

@@ -1,10 +1,10 @@
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, unlink } from 'node:fs/promises';
+import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import { readCatalog, type Catalog } from '../data/catalog.js';
 import { parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
-import { readSlots, type HandoffPaths } from '../data/handoff.js';
+import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import { readInstances, type InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
 import type { StateLayout } from '../data/state-layout.js';
@@ -127,6 +127,14 @@ async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Promise<u
   await Promise.all(Array.from({ length: Math.min(SLOT_WRITES_IN_FLIGHT, items.length) }, worker));
 }
 
+async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
+  const names = await readdir(paths.slots).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return [] as string[];
+    throw err;
+  });
+  return new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
+}
+
 export async function deleteFile(path: string): Promise<boolean> {
   try {
     await unlink(path);
@@ -200,7 +208,8 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
       // through the slot files only.
       instances: await readInstances(deps.instancesPath).catch(() => ({})),
       catalog: await readCatalog(deps.providersPath).catch(() => ({})),
-      slots: new Set((await readSlots(paths)).slots.map((s) => s.slot)),
+      // Names only: what exists is what may need retiring (10 000 files need not be read).
+      slots: await slotIdsPresent(paths),
     };
     const plan = planReconcile(current, desired, deps.layout);
 
