@@ -4,12 +4,12 @@ import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { CLI_PROXY_PORT, FORWARDER_PORT, groupId, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../test/support/lab.js';
-import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, FETCH, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from './helpers/lab-package.js';
-import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
-import { McpUpstream } from './helpers/mcp-upstream.js';
-import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
-import { unlessMissing } from '../test/tools/prerequisite.js';
+import { CLI_PROXY_PORT, FORWARDER_PORT, groupId, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../../test/support/lab.js';
+import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, FETCH, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
+import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
+import { McpUpstream } from '../helpers/mcp-upstream.js';
+import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
+import { unlessMissing } from '../../test/tools/prerequisite.js';
 
 /**
  * The units booted for real (SPEC §7, issue 5): `install` into a scratch root, the

@@ -4,13 +4,13 @@ import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { REPO_ROOT } from '../test/support/cli-proc.js';
-import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../test/support/lab.js';
-import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
-import { tempDir } from '../test/support/temp-dir.js';
-import { unlessMissing } from '../test/tools/prerequisite.js';
-import { checkWith, labSteps, recordMinted } from './helpers/lab-run.js';
-import { McpUpstream } from './helpers/mcp-upstream.js';
+import { REPO_ROOT } from '../../test/support/cli-proc.js';
+import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
+import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
+import { tempDir } from '../../test/support/temp-dir.js';
+import { unlessMissing } from '../../test/tools/prerequisite.js';
+import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
+import { McpUpstream } from '../helpers/mcp-upstream.js';
 
 /**
  * The .deb as an operator meets it (issue 13): `npm run package`'s builder makes two

@@ -1,0 +1,15 @@
+import t from 'tap';
+import { LAB_QUEUE_ALLOWANCE_MS } from '../test/support/lab.js';
+// Each scenario registers its top-level test on import; tap runs them one after the other.
+import './labs/installed-units.js';
+import './labs/host-link.js';
+import './labs/deb.js';
+
+/**
+ * The systemd lab scenarios (docs/testing.md) in one test file. Every lab serves the units'
+ * fixed ports, so only one runs at a time on a machine (test/support/lab.ts takes a lock);
+ * as separate files, two of them would each hold one of tap's parallel jobs while one
+ * waited for the other. Here they run in turn and leave the other jobs to the rest.
+ */
+// Whatever the scenarios asked for, the file as a whole: their budgets plus a queue for the lock.
+t.setTimeout(40 * 60_000 + LAB_QUEUE_ALLOWANCE_MS);
