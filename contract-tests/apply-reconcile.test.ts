@@ -1,6 +1,7 @@
 import { once } from 'node:events';
-import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { filesHolding } from './helpers/host-link-rig.js';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, startCli, writeJsonAtomic, writeToken, type CliProc, type LogLine } from '../test/support/cli-proc.js';
 import { until, within } from '../test/support/poll.js';
@@ -80,15 +81,6 @@ function readJson(path: string): Record<string, unknown> {
   return JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
 }
 
-/** Every regular file under `dir`, recursively. */
-function filesUnder(dir: string): string[] {
-  if (!existsSync(dir)) return [];
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const p = join(dir, e.name);
-    return e.isDirectory() ? filesUnder(p) : e.isFile() ? [p] : [];
-  });
-}
-
 const mcp = (w: World, id: string) => send(`${w.fwd.base}/i/${id}/mcp`, { body: '{"jsonrpc":"2.0","id":1,"method":"tools/list"}' });
 const api = (w: World, p: string) => send(`${w.cli.base}/p/${p}/user`, { method: 'GET', headers: {} });
 
@@ -147,10 +139,7 @@ t.test('a desired state makes the forwarder serve the binding and the cli-proxy 
   t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'binding slot retired');
   t.notOk(existsSync(join(w.handoff, 'slots', 'cli:rec.json')), 'provider slot retired');
   t.notOk(existsSync(join(w.shimDir, 'rec-cli')), 'its shim removed');
-  const holding = filesUnder(w.state).filter((f) => {
-    const text = readFileSync(f, 'utf8');
-    return text.includes(tokA) || text.includes(tokRec);
-  });
+  const holding = filesHolding(w.state, [tokA, tokRec]);
   t.same(holding, [], 'no file under the state root (hand-off included) holds an old token');
   t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 2, appliedAt: String });
   checkNoLeaks(t);
@@ -209,7 +198,8 @@ t.test('apply SIGKILLed right after writing the registry converges after a resta
   t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'the new slot exists');
   t.same(Object.keys(readJson(join(w.state, 'mcp-forwarder', 'instances.json'))), [B2]);
   t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 2 });
-  t.same(filesUnder(w.state).filter((f) => readFileSync(f, 'utf8').includes(tokA)), [], 'no old token left');
+  // apply's lock file comes and goes while the tree is read: filesHolding skips what vanished.
+  t.same(filesHolding(w.state, [tokA]), [], 'no old token left');
   checkNoLeaks(t);
 });
 
