@@ -77,8 +77,12 @@ export async function startLabTarget(work: string, repoRoot: string, log: (line:
     await lab.sh(`dpkg -i${nodeFromDpkg ? '' : ' --force-depends'} ${deb} 2>&1`, 180_000);
     const bindingId = `gates_${randomBytes(12).toString('base64url')}`;
     await lab.sh(`agent-connectors bind ${bindingId} --instance-id ${INSTANCE} --upstream ${upstream.url()}`);
+    // The credential goes through a 0600 file the lab sees (its WORK directory), never
+    // through a command line.
+    const credentialFile = join(labWork, 'host-credential');
+    writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
     await lab.sh(
-      `umask 077 && printf '%s\\n' '${credential}' > /etc/agent-connectors/host-credential && umask 022 && ` +
+      `install -m 600 ${credentialFile} /etc/agent-connectors/host-credential && rm -f ${credentialFile} && ` +
         `printf 'AGENT_CONNECTORS_GATEWAY_URL=%s\\n' '${gw.url}' > /etc/agent-connectors/renew-fetch.env`,
     );
     await lab.sh(`systemctl enable --now ${TARGET_UNIT} 2>&1`);
