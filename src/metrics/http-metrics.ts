@@ -1,7 +1,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
+import { HotHistogram } from './hot-histogram.js';
 import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
 
 /** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
@@ -24,14 +25,14 @@ export const UNAUTHORIZED_RESULTS = ['retried', 'retry_rejected', 'no_renewed_to
  */
 export function createHttpMetrics(registry: Registry, configFile: ConfigFile): PartObserver {
   const registers = [registry];
-  const duration = new Histogram({
+  const duration = new HotHistogram({
     name: 'http_server_request_duration_seconds',
     help: 'Duration of HTTP server requests (OpenTelemetry http.server.request.duration); an SSE stream counts until it ends.',
     labelNames: ['http_route', 'http_request_method', 'http_response_status_code', 'error_type'] as const,
     buckets: DURATION_BUCKETS,
     registers,
   });
-  const mcp = new Histogram({
+  const mcp = new HotHistogram({
     name: 'mcp_server_operation_duration_seconds',
     help: 'Duration of MCP requests forwarded (OpenTelemetry mcp.server.operation.duration), by JSON-RPC method and tool.',
     labelNames: ['mcp_method_name', 'gen_ai_tool_name', 'error_type'] as const,
@@ -109,16 +110,19 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
       const route = routeOf(req.url);
       const status = rec.status;
       const errorType = errorTypeOf(rec.outcome) ?? (status !== undefined && status >= 500 ? String(status) : '');
-      duration.observe(
-        { http_route: route, http_request_method: methodLabel(rec.method), http_response_status_code: statusLabel(status), error_type: errorType },
+      const method = methodLabel(rec.method);
+      const code = statusLabel(status);
+      duration.record(
+        duration.series(`${route} ${method} ${code} ${errorType}`, () => ({ http_route: route, http_request_method: method, http_response_status_code: code, error_type: errorType })),
         seconds,
       );
       bytes.in[route] += rec.bytesIn;
       bytes.out[route] += rec.bytesOut;
       if (typeof rec.mcpMethod === 'string') {
-        const method = mcpMethodLabel(rec.mcpMethod);
-        const tool = method === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool) : '';
-        mcp.observe({ mcp_method_name: method, gen_ai_tool_name: tool, error_type: errorType }, seconds);
+        const mcpMethod = mcpMethodLabel(rec.mcpMethod);
+        const tool = mcpMethod === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool) : '';
+        // A tool name holds no space (labels.ts), so the key names one label set.
+        mcp.record(mcp.series(`${mcpMethod} ${tool} ${errorType}`, () => ({ mcp_method_name: mcpMethod, gen_ai_tool_name: tool, error_type: errorType })), seconds);
       }
       if (rec.tokenProblem !== undefined) tokenFailures.inc({ reason: tokenReasonLabel(rec.tokenProblem) });
       if (rec.retried === true) unauthorized.inc({ result: rec.outcome === 'token_rejected' ? 'retry_rejected' : 'retried' });
