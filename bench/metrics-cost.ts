@@ -1,9 +1,12 @@
 /**
  * `npm run bench -- --metrics`: what `--metrics-listen` costs the forwarder, as process
  * CPU per forwarded request (the 1 KB tools/call JSON exchange, c=16), metrics off vs on.
- * Each repetition starts a fresh pair of forwarders against one upstream and loads them
- * in alternating one-second slices (2 × --seconds each), so drift on a shared machine
- * hits both sides alike; the medians over repetitions are compared.
+ * Each repetition starts three fresh forwarders against one upstream (off, off again as an
+ * A/A control, on) and loads them in rotating one-second slices (3 × --seconds each), so
+ * drift on a shared machine hits all alike; each repetition's own on/off difference and
+ * the control's are reported, with their medians over repetitions.
+ * BENCH_ON_CLI=PATH runs the "on" side from another build (an experiment: metrics with a
+ * part of them cut out) against this one's "off" sides.
  * With metrics on, the endpoint is scraped every 15 s, as the README's scrape config
  * does; what one scrape costs is measured on its own.
  */
@@ -28,11 +31,16 @@ export interface MetricsCost {
   seconds: number;
   load: 'wrk' | 'node';
   offUsPerReq: number[];
+  offAgainUsPerReq: number[];
   onUsPerReq: number[];
   medianOff: number;
   medianOn: number;
-  /** (on − off) / off, percent. */
+  /** (median on − median off) / median off, percent. */
   diffPct: number;
+  /** The median over repetitions of each repetition's own (on − off) / off, percent. */
+  pairedDiffPct: number;
+  /** The same for two processes with metrics off (A/A): the noise floor of the figure above. */
+  controlDiffPct: number;
   /** The hook alone, in this process: CPU per request it adds (µs), and that as a share of the median off figure. */
   hookUsPerReq: number;
   hookPct: number;
@@ -66,6 +74,11 @@ export function hookCost(iterations = 200_000): number {
   return (cpu.user + cpu.system) / iterations;
 }
 
+function signed(pct: number | undefined): string {
+  if (pct === undefined) return '?';
+  return `${pct >= 0 ? '+' : ''}${pct.toFixed(1)}`;
+}
+
 export async function runMetricsCost(opts: BenchOptions, log: (s: string) => void): Promise<MetricsCost> {
   const tools = await ensureTools(opts.install, log);
   const work = newWorkDir();
@@ -75,11 +88,14 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
   const reps = Math.max(opts.reps, 5);
   const script = writeWrkScript(work);
   const off: number[] = [];
+  const offAgain: number[] = [];
   const on: number[] = [];
+  const pairedPct: number[] = [];
+  const controlPct: number[] = [];
   const start = async (metrics: boolean): Promise<{ fwd: Peer; metricsUrl: string; stop: () => Promise<void> }> => {
     const metricsPort = metrics ? await freePort() : 0;
     const fwd = await startPeer('forwarder-warn', {
-      cli: opts.cli,
+      cli: metrics && process.env.BENCH_ON_CLI ? process.env.BENCH_ON_CLI : opts.cli,
       upstreamPort: upstream.ports[0] as number,
       endpoints: endpointsFor(opts),
       workDir: work,
@@ -132,31 +148,40 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
       await probe.stop();
     }
     for (let i = 0; i < reps; i++) {
-      // Both processes live side by side and take the load in alternating one-second
-      // slices, so whatever else the machine does in a repetition falls on both alike.
-      // Which one starts first alternates too: in an A/A run (both off) the second process
-      // started measured up to 12 % more CPU per request than the first.
-      const firstOff = i % 2 === 0;
-      const a = await start(!firstOff);
-      const b = await start(firstOff);
-      const pair = firstOff ? ([a, b] as const) : ([b, a] as const);
+      // Three processes live side by side and take the load in rotating one-second
+      // slices, so whatever else the machine does in a repetition falls on all alike:
+      // metrics off, off again (the A/A control: what two identical processes differ by
+      // here), and on. Which starts first rotates too: in an A/A run the process started
+      // second once measured 12 % more CPU per request than the first.
+      const kinds = [false, false, true] as const;
+      const order = [0, 1, 2].map((k) => (k + i) % 3);
+      const started = new Map<number, Awaited<ReturnType<typeof start>>>();
       try {
-        for (const p of pair) await slice(p.fwd, 1); // warm-up: JIT, connection pool
-        const cpu = [0, 0];
-        const requests = [0, 0];
-        for (let k = 0; k < seconds * 2; k++) {
-          for (const side of k % 2 === 0 ? [0, 1] : [1, 0]) {
-            const [us, n] = await slice((pair[side] as (typeof pair)[number]).fwd, 1);
-            cpu[side] = (cpu[side] ?? 0) + us;
-            requests[side] = (requests[side] ?? 0) + n;
+        for (const side of order) started.set(side, await start(kinds[side] as boolean));
+        const fwd = (side: number): Peer => (started.get(side) as Awaited<ReturnType<typeof start>>).fwd;
+        for (const side of order) await slice(fwd(side), 1); // warm-up: JIT, connection pool
+        const cpu = [0, 0, 0];
+        const requests = [0, 0, 0];
+        for (let k = 0; k < seconds * 3; k++) {
+          for (let j = 0; j < 3; j++) {
+            const side = order[(j + k) % 3] as number;
+            const [us, n] = await slice(fwd(side), 1);
+            cpu[side] = (cpu[side] as number) + us;
+            requests[side] = (requests[side] as number) + n;
           }
         }
-        off.push((cpu[0] ?? 0) / (requests[0] ?? 1));
-        on.push((cpu[1] ?? 0) / (requests[1] ?? 1));
+        const perReq = cpu.map((c, side) => c / (requests[side] as number));
+        off.push(perReq[0] as number);
+        offAgain.push(perReq[1] as number);
+        on.push(perReq[2] as number);
+        pairedPct.push((((perReq[2] as number) - (perReq[0] as number)) / (perReq[0] as number)) * 100);
+        controlPct.push((((perReq[1] as number) - (perReq[0] as number)) / (perReq[0] as number)) * 100);
       } finally {
-        for (const p of pair) await p.stop();
+        for (const p of started.values()) await p.stop();
       }
-      log(`metrics cost rep ${i + 1}/${reps}: off ${off.at(-1)?.toFixed(1)} µs/req, on ${on.at(-1)?.toFixed(1)} µs/req`);
+      log(
+        `metrics cost rep ${i + 1}/${reps}: off ${off.at(-1)?.toFixed(1)}, off again ${offAgain.at(-1)?.toFixed(1)}, on ${on.at(-1)?.toFixed(1)} µs/req (on ${signed(pairedPct.at(-1))} %, control ${signed(controlPct.at(-1))} %)`,
+      );
     }
   } finally {
     await upstream.stop();
@@ -171,16 +196,19 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
     seconds,
     load: tools.wrk ? 'wrk' : 'node',
     offUsPerReq: off,
+    offAgainUsPerReq: offAgain,
     onUsPerReq: on,
     medianOff,
     medianOn,
     diffPct: ((medianOn - medianOff) / medianOff) * 100,
+    pairedDiffPct: median(pairedPct),
+    controlDiffPct: median(controlPct),
     hookUsPerReq,
     hookPct: (hookUsPerReq / medianOff) * 100,
     scrapeMs,
   };
   log(
-    `forwarder CPU per request, metrics off ${medianOff.toFixed(1)} µs, on ${medianOn.toFixed(1)} µs: ${result.diffPct >= 0 ? '+' : ''}${result.diffPct.toFixed(1)} % (median of ${reps}, c=${connections}, ${seconds} s each, ${result.load})`,
+    `forwarder CPU per request, metrics off ${medianOff.toFixed(1)} µs, on ${medianOn.toFixed(1)} µs: ${signed(result.diffPct)} % (median of ${reps}, c=${connections}, ${seconds} s each, ${result.load}); paired per repetition ${signed(result.pairedDiffPct)} %, A/A control ${signed(result.controlDiffPct)} %`,
   );
   log(`one scrape of /metrics: ${scrapeMs.toFixed(1)} ms of the forwarder's CPU (every 15 s: ${(scrapeMs / 15).toFixed(2)} ms a second)`);
   log(`the metrics hook alone: ${hookUsPerReq.toFixed(2)} µs of CPU per request = ${result.hookPct.toFixed(2)} % of the forwarder's ${medianOff.toFixed(0)} µs`);
