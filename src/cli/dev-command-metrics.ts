@@ -43,9 +43,10 @@ export interface DevMetrics {
  * rather than under one part that would then seem to use the CPU of all four.
  */
 export function devMetrics(value: string, partPorts: readonly ListenAddress[], onListening: (port: number) => void): DevMetrics | undefined {
-  let listen: ListenAddress | undefined;
-  for (const part of partPorts) listen = parseMetricsListen(value, part);
+  const listen = parseMetricsListen(value);
   if (!listen) return undefined;
+  // The parts share dev's process, not their ports: none of theirs may be the metrics port.
+  for (const part of partPorts) parseMetricsListen(value, part);
   const registries = {
     forwarder: createRegistry('forwarder', { processMetrics: false }),
     cliProxy: createRegistry('cli-proxy', { processMetrics: false }),
