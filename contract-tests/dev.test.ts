@@ -4,7 +4,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { knownSecrets, checkNoLeaks, startCli, type CliProc } from '../test/support/cli-proc.js';
+import { request } from 'undici';
+import { knownSecrets, checkNoLeaks, leakedSecrets, startCli, type CliProc } from '../test/support/cli-proc.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { assertJsonError, send } from './helpers/http-raw.js';
@@ -52,17 +53,40 @@ function figure(lines: string[]): number | undefined {
   return m ? Number(m[1]) : undefined;
 }
 
+/** dev's /metrics, read whole (bounded: a few hundred series). */
+async function scrape(t: TapTest, url: string): Promise<string> {
+  const res = await request(url);
+  const text = await res.body.text();
+  t.equal(res.statusCode, 200, 'scrape answers 200');
+  t.ok(text.length < 1024 * 1024, `scrape of ${text.length} bytes`);
+  return text;
+}
+
+/** The sum of the samples named `name` whose labels include all of `labels`. */
+function total(text: string, name: string, labels: Record<string, string>): number {
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (m?.[1] !== name) continue;
+    const has = Object.entries(labels).every(([k, v]) => (m[2] ?? '').split(',').includes(`${k}="${v}"`));
+    if (has) sum += Number(m[3]);
+  }
+  return sum;
+}
+
 /** A line dev says from `from` (an index of its stderr) on. */
 async function waitForSay(dev: CliProc, re: RegExp, from = 0): Promise<RegExpExecArray> {
   return dev.waitForStderr(re, 20_000, from);
 }
 
-t.test('dev: a real MCP client lists and calls the demo tools through the forwarder', async (t) => {
+t.test('dev: a real MCP client lists and calls the demo tools through the forwarder; one /metrics shows every part', async (t) => {
   const stateDir = tempDir('ac-dev-');
-  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0']);
   t.teardown(() => dev.stop('SIGKILL'));
   const url = (await dev.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   t.match(url, /^http:\/\/127\.0\.0\.1:\d+\/i\/demo_[A-Za-z0-9_-]+\/mcp$/);
+  const metricsUrl = (await dev.waitForStderr(/metrics:\s+(\S+)/, 15_000))[1] as string;
+  t.match(metricsUrl, /^http:\/\/127\.0\.0\.1:\d+\/metrics$/, 'the banner prints the metrics URL');
 
   // The first token comes from renew fetch + apply against the demo Gateway.
   await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
@@ -108,9 +132,35 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
   const audited = await dev.waitForLog((l) => l.msg === 'audit event received' && l.provider === 'demo', 15_000);
   t.match(audited, { method: 'GET', status: 200, path: /^\/[^?]*$/ }, 'dev shows the event the demo Gateway received');
 
+  // Every part's series in one exposition, each with its part; the access lines waited
+  // for above are written right before their request's metrics.
+  const text = await scrape(t, metricsUrl);
+  const families = [...text.matchAll(/^# TYPE (\S+) /gm)].map((m) => m[1]);
+  t.same(families, [...new Set(families)], 'each metric family once (a valid exposition)');
+  const MCP_OPS = 'mcp_server_operation_duration_seconds_count';
+  t.equal(total(text, MCP_OPS, { part: 'forwarder', mcp_method_name: 'tools/call', gen_ai_tool_name: 'add' }), 1, 'forwarder: the add call');
+  t.equal(total(text, MCP_OPS, { part: 'forwarder', mcp_method_name: 'tools/call', gen_ai_tool_name: 'count' }), 1, 'forwarder: the count call');
+  const REQS = 'http_server_request_duration_seconds_count';
+  t.ok(total(text, REQS, { part: 'forwarder', http_route: 'mcp' }) >= 5, 'forwarder: the session\'s requests (initialize … DELETE)');
+  t.equal(total(text, REQS, { part: 'forwarder', http_route: 'provider' }), 0, 'no provider route on the forwarder');
+  t.equal(total(text, REQS, { part: 'cli-proxy', http_route: 'provider', http_response_status_code: '200' }), 1, 'cli-proxy: the shimmed CLI call');
+  t.equal(total(text, REQS, { part: 'cli-proxy', http_route: 'mcp' }), 0, 'the MCP calls are not counted for the cli-proxy');
+  const states = ['starting', 'synced', 'retrying', 'halted', 'no_credential'].map((state) => total(text, 'agent_connectors_link_state', { part: 'link', state }));
+  t.same(states.slice().sort(), [0, 0, 0, 0, 1], `link: one state set (${states.join(' ')})`);
+  t.ok(total(text, 'agent_connectors_renewal_iterations_total', { part: 'link', result: 'renewed' }) >= 2, 'link: the renewals that gave both tokens');
+  t.ok(total(text, 'agent_connectors_apply_tokens_total', { part: 'apply', result: 'applied' }) >= 2, 'apply: the tokens it applied');
+  t.equal(total(text, 'agent_connectors_build_info', {}), 4, 'build info once per part');
+  t.match(text, /^process_cpu_seconds_total\{part="dev"\} /m, 'process series once, as part dev');
+  t.equal(text.match(/^process_cpu_seconds_total/gm)?.length, 1);
+  t.same(leakedSecrets(text), [], 'no token in the scrape');
+  t.notMatch(text, /demo_[A-Za-z0-9_-]{8,}|"a":2|\/i\//, 'no binding id, argument or path in any label');
+  const rebound = await request(metricsUrl, { headers: { host: 'evil.example' } });
+  await rebound.body.dump();
+  t.equal(rebound.statusCode, 403, 'a non-loopback Host is refused');
+
   // A second run reuses the same binding id, so a configured agent keeps working.
   await dev.stop('SIGTERM');
-  const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
+  const again = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0']);
   t.teardown(() => again.stop('SIGKILL'));
   const url2 = (await again.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   t.equal(url2.replace(/:\d+\//, ':P/'), url.replace(/:\d+\//, ':P/'), 'same binding id across runs');
@@ -120,7 +170,7 @@ t.test('dev: a real MCP client lists and calls the demo tools through the forwar
 
 t.test('dev: a managed host; connect and disconnect in the demo platform reach it through its link', async (t) => {
   const stateDir = tempDir('ac-dev-link-');
-  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0']);
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', 'off']);
   t.teardown(() => dev.stop('SIGKILL'));
   const pid = dev.child.pid as number;
 
@@ -133,6 +183,8 @@ t.test('dev: a managed host; connect and disconnect in the demo platform reach i
   t.equal(statSync(join(stateDir, 'host-credential')).mode & 0o777, 0o600, 'host credential stored 0600');
   t.match(readFileSync(join(stateDir, 'link.env'), 'utf8'), `AGENT_CONNECTORS_HOST_ID=${enrolled[1]}`, 'link.env names the host');
   const mcp = (await waitForSay(dev, /MCP URL:\s+(\S+)/))[1] as string;
+  await waitForSay(dev, /metrics:\s+off \(--metrics-listen/);
+  t.notOk(dev.logs.some((l) => l.msg === 'metrics listening'), 'metrics off: no metrics port');
   await waitForSay(dev, /host: binding demo now served at /);
   for (const p of processTree(pid)) {
     const argv = readFileSync(`/proc/${p}/cmdline`, 'utf8');
@@ -211,7 +263,7 @@ t.test('dev: a managed host; connect and disconnect in the demo platform reach i
 
 t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
   const stateDir = tempDir('ac-dev-rot-');
-  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
+  const dev = startCli(['dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0', '--token-lifetime-s', '3']);
   t.teardown(() => dev.stop('SIGKILL'));
   const url = (await dev.waitForStderr(/MCP URL:\s+(\S+)/, 15_000))[1] as string;
   await dev.waitForLog((l) => l.msg === 'token applied' && l.slot === 'instance:demo');
@@ -235,6 +287,18 @@ t.test('dev: renewal rotates the token under a live MCP session', async (t) => {
   t.ok(seen.size >= 3, `the Gateway saw ${seen.size} distinct token ids in one session`);
   t.ok(dev.logs.filter((l) => l.msg === 'renewed; handed to apply').length >= 3, 'fetch logged the renewals');
   await client.close();
+});
+
+t.test('dev --metrics-listen refuses a non-loopback address and a part\'s own port (exit 2)', async (t) => {
+  for (const [address, why] of [
+    ['0.0.0.0:0', /--metrics-listen must be a loopback address/],
+    ['127.0.0.1:14399', /--metrics-listen must not be the part's own port \(14399\)/],
+  ] as const) {
+    const proc = startCli(['dev', '--state-dir', tempDir('ac-dev-metrics-'), '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:14399', '--metrics-listen', address]);
+    t.teardown(() => proc.stop('SIGKILL'));
+    t.equal((await proc.exited).code, 2, `--metrics-listen ${address}`);
+    t.match(proc.stderr.join('\n'), why);
+  }
 });
 
 checkNoLeaks(t);

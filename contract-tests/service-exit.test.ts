@@ -25,7 +25,8 @@ const cases: Array<{ name: string; args: (port: number) => string[]; service: st
   { name: 'forwarder', service: 'forwarder', args: (port) => ['forwarder', '--listen', `127.0.0.1:${port}`] },
   { name: 'cli-proxy', service: 'cli-proxy', args: (port) => ['cli-proxy', '--listen', `127.0.0.1:${port}`] },
   // dev runs every part; the forwarder's port taken must take the whole process down.
-  { name: 'dev', service: 'forwarder', args: (port) => ['dev', '--listen', `127.0.0.1:${port}`, '--cli-listen', '127.0.0.1:0'] },
+  { name: 'dev', service: 'forwarder', args: (port) => ['dev', '--listen', `127.0.0.1:${port}`, '--cli-listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0'] },
+  { name: 'dev (its metrics port)', service: 'metrics', args: (port) => ['dev', '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', `127.0.0.1:${port}`] },
 ];
 
 for (const c of cases) {

@@ -35,6 +35,7 @@ import { installShims } from '../shims/install.js';
 import { shQuote } from '../shims/render.js';
 import { version } from '../version.js';
 import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN, pathSetupCommand } from './cli-proxy-commands.js';
+import { devMetrics, devMetricsOption } from './dev-command-metrics.js';
 import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
 import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
 import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
@@ -112,9 +113,13 @@ function controlCommand(stateDirFlag: string, words: string): string {
  * (renewals, state poll, presence), apply (reconcile), the forwarder and the cli-proxy.
  * Bindings and providers reach the host only through the desired state.
  */
-async function runDev(opts: { stateDir: string; listen: string; cliListen: string; logLevel: string; tokenLifetimeS: string }): Promise<void> {
+async function runDev(opts: { stateDir: string; listen: string; cliListen: string; metricsListen: string; logLevel: string; tokenLifetimeS: string }): Promise<void> {
   const listen = parseListen(opts.listen);
   const cliListen = parseListen(opts.cliListen);
+  let metricsPortKnown!: (port: number) => void;
+  const metricsPort = new Promise<number>((resolvePort) => (metricsPortKnown = resolvePort));
+  // Parsed before anything starts, so a bad address is a usage error (exit 2).
+  const metrics = devMetrics(opts.metricsListen, [listen, cliListen], (port) => metricsPortKnown(port));
   const log = loggerFrom(opts);
   const lifetimeMs = parseOption(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s') * 1000;
   const stateDir = resolve(opts.stateDir);
@@ -178,11 +183,12 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       credentialPath,
       handoffDir: paths.root,
       privateDir: layout.fetchPrivate,
+      metrics: metrics?.renewal,
     });
     const link = createLinkServices(
       {
         credentialPath,
-        poller: { ...defaultStatePollerConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root },
+        poller: { ...defaultStatePollerConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root, metrics: metrics?.link },
         presence: { ...defaultPresenceConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root, hostId: enrolled.hostId, version, health },
         audit: { ...defaultAuditUploadConfig, gatewayUrl: gateway.baseUrl, dir: layout.audit, minGapMs: 500 },
       },
@@ -204,6 +210,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
           log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
         },
       },
+      metrics: metrics?.apply,
     });
     const report = createHostReport({
       handoffDir: paths.root,
@@ -222,6 +229,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
         upstream: defaultUpstreamOptions,
         shutdownGraceMs: 2_000,
         audit: { dir: layout.audit, maxEvents: DEFAULT_AUDIT_MAX_EVENTS },
+        observer: metrics?.cliProxy,
       },
       onListening: (port) => {
         cliProxyBase = `http://${hostForUrl(cliListen.host)}:${port}`;
@@ -230,7 +238,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       },
     });
     const forwarder = createForwarderService({
-      config: { listen, instancesPath: layout.instances, bodyLimit: DEFAULT_BODY_LIMIT, upstream: defaultUpstreamOptions, shutdownGraceMs: 2_000 },
+      config: { listen, instancesPath: layout.instances, bodyLimit: DEFAULT_BODY_LIMIT, upstream: defaultUpstreamOptions, shutdownGraceMs: 2_000, observer: metrics?.forwarder },
       onListening: async (port) => {
         const base = `http://${hostForUrl(listen.host)}:${port}`;
         forwarderBase = base;
@@ -238,12 +246,16 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
         const cliBase = await cliProxyUrl;
         await writeDevRuntime(stateDir, { pid: process.pid, gateway: gateway.baseUrl, forwarder: base, cliProxy: cliBase, bindingIds: { ...connections.bindingIds } });
         const url = mcpUrl(base, connections.bindingIds.demo ?? '');
+        const metricsLine = metrics
+          ? `  metrics:   http://${hostForUrl(metrics.listen.host)}:${await metricsPort}/metrics (every part; the part label tells them apart)`
+          : '  metrics:   off (--metrics-listen HOST:PORT serves them)';
         const lines = [
           '',
           'agent-connectors dev is running.',
           `  state:     ${stateDir}`,
           `  MCP URL:   ${url}`,
           `  health:    ${base}/healthz`,
+          metricsLine,
           `  renewal:   tokens live ${lifetimeMs / 1000} s; watch the "renewed" and "token applied" log lines`,
           '',
           'Point an agent at it:',
@@ -279,7 +291,9 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       },
     };
     // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
-    await runServices([gatewayService, apply, fetch, ...link, report, cliProxy, forwarder], { log, notifier: createNotifier({ log, env: {} }) });
+    const services = [gatewayService, apply, fetch, ...link, report, cliProxy, forwarder];
+    if (metrics) services.push(metrics.service);
+    await runServices(services, { log, notifier: createNotifier({ log, env: {} }) });
   } finally {
     await gateway.close();
     // `dev connect` must not talk to a port this run no longer holds.
@@ -314,6 +328,7 @@ export function registerDevCommand(program: Command): void {
     .option('--state-dir <dir>', 'state root for the demo', DEFAULT_DEV_STATE)
     .option('--listen <host:port>', 'forwarder address', DEFAULT_FORWARDER_LISTEN)
     .option('--cli-listen <host:port>', 'cli-proxy address', DEFAULT_CLI_PROXY_LISTEN)
+    .addOption(devMetricsOption())
     .option('--token-lifetime-s <n>', 'lifetime of demo tokens; renewal runs at 2/3 of it', '60')
     .addOption(logLevelOption())
     .action(runDev);

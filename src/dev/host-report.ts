@@ -99,6 +99,23 @@ export function describeChange(prev: HostView, next: HostView, config: Pick<Host
   return lines;
 }
 
+/**
+ * apply's pass writes the registry first, deletes the token files after and
+ * applied-state.json last (src/renew/reconcile.ts), and a look can fall in between: the
+ * entry is gone with its file still there. While applied-state has not moved on, such an
+ * entry still counts as served, so its disconnect is told once the pass is done, with the
+ * file as the pass left it ("deleted", or really "still present"). Pure but for the stat.
+ */
+export function settled(prev: HostView, next: HostView): HostView {
+  if (next.version !== prev.version) return next;
+  const carry = (was: Map<string, string>, now: Map<string, string>, listed: Set<string>): Map<string, string> => {
+    const out = new Map(now);
+    for (const [key, file] of was) if (!now.has(key) && !listed.has(key) && existsSync(file)) out.set(key, file);
+    return out;
+  };
+  return { ...next, bindings: carry(prev.bindings, next.bindings, next.listedBindings), providers: carry(prev.providers, next.providers, next.listedProviders) };
+}
+
 /** Watches the hand-off (applied-state.json, slot files: apply writes them after each token) and narrates. */
 export function createHostReport(config: HostReportConfig): Service {
   return {
@@ -119,7 +136,7 @@ export function createHostReport(config: HostReportConfig): Service {
           log,
           signal,
           step: async () => {
-            const next = await readHostView(config);
+            const next = settled(view, await readHostView(config));
             for (const line of describeChange(view, next, config)) config.say(line);
             view = next;
             return 5_000;

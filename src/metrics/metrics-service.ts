@@ -1,9 +1,9 @@
 import { createServer, type ServerResponse } from 'node:http';
-import type { Registry } from 'prom-client';
 import { ConfigError } from '../errors.js';
 import { checkHost, parseListen, type ListenAddress } from '../http/loopback.js';
 import { listen } from '../http/server.js';
 import type { Service } from '../service/service.js';
+import type { Exposition } from './merged-exposition.js';
 
 /**
  * `--metrics-listen HOST:PORT`: loopback only, like the proxies (the series name tools and
@@ -22,7 +22,8 @@ export function parseMetricsListen(value: string | undefined, partListen?: Liste
 
 export interface MetricsServiceOptions {
   listen: ListenAddress;
-  registry: Registry;
+  /** A part's registry, or (dev) several merged. */
+  registry: Exposition;
   /** Called once listening, with the bound port (tests use port 0). */
   onListening?: (port: number) => void;
 }

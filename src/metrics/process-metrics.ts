@@ -1,5 +1,5 @@
 import { monitorEventLoopDelay } from 'node:perf_hooks';
-import { Counter, Gauge, type Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from 'prom-client';
 
 /**
  * The few process figures the dashboard shows, under prom-client's default names, all
@@ -52,4 +52,15 @@ export function registerProcessMetrics(registry: Registry): void {
       delay.reset();
     },
   });
+}
+
+/**
+ * Only the process series, labelled `part` = `label`: dev's, for the one process that
+ * runs every part. No build info: the dashboard counts parts by that series.
+ */
+export function processRegistry(label: string): Registry {
+  const registry = new Registry();
+  registry.setDefaultLabels({ part: label });
+  registerProcessMetrics(registry);
+  return registry;
 }
