@@ -75,17 +75,13 @@ export class HotHistogram<T extends string> extends Histogram<T> {
     series.count += 1;
   }
 
-  /** prom-client's `observe(labels, value)`, for a caller off the hot path. */
-  override observe(labels: LabelValues<T> | number | { labels?: LabelValues<T>; value: number }, value?: number): void {
-    if (typeof labels !== 'object' || value === undefined) throw new TypeError(`${this.metricName}: observe(labels, value) only`);
-    if (!Number.isFinite(value)) throw new TypeError(`${this.metricName}: not a finite number: ${value}`);
-    const own = { ...(labels as LabelValues<T>) };
-    const key = JSON.stringify(Object.entries(own).sort(([a], [b]) => (a < b ? -1 : 1)));
-    this.record(this.series(key, () => own), value);
+  // prom-client's own ways in keep state this class does not read: refuse them rather than
+  // count into a series no scrape shows (a key made of the labels alone could not find the
+  // series a caller made with its own key).
+  override observe(): never {
+    throw new TypeError(`${this.metricName}: use series() and record()`);
   }
 
-  // The rest of prom-client's interface works on state this class does not keep: refuse
-  // it rather than answer from an empty map.
   override labels(): never {
     throw new TypeError(`${this.metricName}: use series() and record()`);
   }
