@@ -11,6 +11,7 @@ import { endpointsFor } from './full.js';
 import { nodeLoad } from './lib/load.js';
 import { RESULTS_DIR } from './lib/paths.js';
 import { newWorkDir, removeWorkDir, startPeer } from './lib/peers.js';
+import { freePort } from './lib/proc.js';
 import { ensureTools } from './lib/tools.js';
 import { startUpstream } from './lib/upstream-ctl.js';
 import { runWrk, writeWrkScript } from './lib/wrk.js';
@@ -119,7 +120,8 @@ export function renderProfile(s: ProfileSummary): string {
   ].join('\n');
 }
 
-export async function runProfile(opts: BenchOptions, log: (s: string) => void): Promise<ProfileSummary> {
+/** `withMetrics`: the forwarder serves metrics (`--with-metrics`), to see what they add to the profile. */
+export async function runProfile(opts: BenchOptions, log: (s: string) => void, withMetrics = false): Promise<ProfileSummary> {
   const tools = await ensureTools(opts.install, log);
   const work = newWorkDir();
   const profDir = join(work, 'prof');
@@ -132,6 +134,7 @@ export async function runProfile(opts: BenchOptions, log: (s: string) => void): 
       endpoints: endpointsFor(opts),
       workDir: work,
       nodeArgs: ['--cpu-prof', '--cpu-prof-dir', profDir, '--cpu-prof-interval', '200'],
+      extraArgs: withMetrics ? ['--metrics-listen', `127.0.0.1:${await freePort()}`] : [],
     });
     const seconds = Math.max(opts.seconds, 5);
     // One --concurrency value profiles at that load; the default list means c=16.

@@ -21,7 +21,7 @@ async function main(): Promise<number> {
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {
-    opts = parseArgs(argv.filter((a) => a !== '--metrics'));
+    opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics'));
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}\n`);
     return 2;
@@ -39,7 +39,7 @@ async function main(): Promise<number> {
       return r.ok ? 0 : 1;
     }
     case 'profile':
-      await runProfile(opts, log);
+      await runProfile(opts, log, argv.includes('--with-metrics'));
       return 0;
     case 'rotation':
       return runRotation(log);

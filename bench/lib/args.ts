@@ -28,6 +28,7 @@ export const USAGE = `usage: npm run bench -- [options]
   --smoke                a few seconds against the forwarder only, no nginx/wrk; exits 1
                          if a behaviour check fails (ordering, byte counts, flat memory)
   --profile              CPU-profile the forwarder under wrk load and print where the time goes
+  --with-metrics         (with --profile) the forwarder serves metrics, to see what they add
   --rotation             only the rotation run: 1 000 token rotations by real fetch + apply
                          against the strict Gateway under load (a full run ends with it too;
                          docs/rotation.md)
