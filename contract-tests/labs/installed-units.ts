@@ -1,12 +1,14 @@
 import { randomBytes } from 'node:crypto';
-import { chmodSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
+import { request } from 'undici';
 import { CLI_PROXY_PORT, FORWARDER_PORT, groupId, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../../test/support/lab.js';
 import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, FETCH, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
+import { scrape } from '../helpers/scrape.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
@@ -86,6 +88,18 @@ function unitLines(text: string, unit: string): string {
     .join('\n');
 }
 
+/** The drop-in a unit file's comment documents for metrics ("#   " lines after "Metrics are off"). */
+function metricsDropIn(unitText: string): string {
+  const from = unitText.indexOf('# Metrics are off.');
+  if (from < 0) return '';
+  const lines: string[] = [];
+  for (const line of unitText.slice(from).split('\n').slice(1)) {
+    if (!line.startsWith('#   ')) break;
+    lines.push(line.slice(4));
+  }
+  return `${lines.join('\n')}\n`;
+}
+
 /** Runs a command inside the lab as a user with no supplementary groups (what an agent is). */
 function asUser(user: { uid: number; gid: number }, command: string): string {
   return `setpriv --reuid=${user.uid} --regid=${user.gid} --clear-groups -- ${command}`;
@@ -95,7 +109,7 @@ const skipReason = labSkipReason();
 // Queuing for the one-lab-at-a-time lock counts against the file's timeout.
 t.setTimeout(240_000 + LAB_QUEUE_ALLOWANCE_MS);
 
-t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 170_000 + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
+t.test('systemd lab: installed units under a real systemd', { skip: unlessMissing(t, skipReason), timeout: 210_000 + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
   // ---- host side: install, users, Gateway, upstream (Lab.boot checks the fixed ports) ----
   const pkg = await installForLab(t, 'ac-lab-');
   if (!pkg) return;
@@ -124,7 +138,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   // ---- boot ------------------------------------------------------------------------------
   let lab: Lab;
   try {
-    lab = pkg.lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: 170 });
+    lab = pkg.lab = await Lab.boot({ unitDir, appDir, appMount: LIB_DIR, work, limitS: 210 });
   } catch (err) {
     t.fail((err as Error).message);
     return;
@@ -305,6 +319,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   });
 
   const client = new Client({ name: 'lab-agent', version: '0.0.0' });
+  let clientClosed = false;
   const transport = new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`));
   t.teardown(() => client.close().catch(() => undefined));
   let sessionId: string | undefined;
@@ -479,9 +494,59 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.equal(await echo('after apply restart'), 'echo: after apply restart', 'the MCP session goes on');
   });
 
+  await step('metrics on through the drop-in each unit documents: served on loopback under its hardening', async (tt) => {
+    // The SDK client holds a standing SSE GET; closing it lets the forwarder restart at once.
+    await client.close();
+    clientClosed = true;
+    const ports: Record<string, number> = {};
+    for (const unit of [FORWARDER, FETCH, APPLY]) {
+      const text = metricsDropIn(readFileSync(join(unitDir, unit), 'utf8'));
+      const port = /AGENT_CONNECTORS_METRICS_LISTEN=127\.0\.0\.1:(\d+)/.exec(text)?.[1];
+      tt.ok(port, `${unit} documents a metrics drop-in with a loopback port`, { text });
+      ports[unit] = Number(port);
+      dropIn(unit, 'metrics.conf', text);
+    }
+    const appliedBefore = (await appliedTokenIds(lab)).length;
+    await lab.sh(`systemctl daemon-reload && systemctl restart ${FORWARDER} ${FETCH} ${APPLY}`);
+    for (const unit of [FORWARDER, FETCH, APPLY]) {
+      const p = await lab.waitShow(unit, ['ActiveState', 'SubState'], (x) => x.ActiveState === 'active' && x.SubState === 'running', 20_000);
+      tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit} runs with metrics on`);
+    }
+    // A renewal after the restart: the link counts it, apply counts the token it applies.
+    await waitForApplied(lab, (ids) => ids.length > appliedBefore, 30_000);
+    const ping = await fetch(`http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' }),
+    });
+    await ping.text();
+    const fwd = await scrape(ports[FORWARDER] as number);
+    tt.equal(
+      fwd.value('http_server_request_duration_seconds_count', { http_route: 'mcp', http_request_method: 'POST', http_response_status_code: String(ping.status), error_type: '' }),
+      1,
+      'the forwarder counted the one MCP request since its restart',
+    );
+    tt.equal(fwd.value('agent_connectors_config_entries', { file: 'instances.json' }), 1, 'and serves one binding');
+    tt.equal(fwd.find('agent_connectors_build_info', { part: 'forwarder' }).length, 1, "every series has part='forwarder'");
+    const link = await scrape(ports[FETCH] as number);
+    tt.ok(link.value('agent_connectors_renewal_iterations_total', { result: 'renewed' }) >= 1, 'the link counted its renewals');
+    tt.ok(link.value('agent_connectors_token_expiry_timestamp_seconds', { slot: SLOT }) * 1000 > Date.now(), "and the slot's token expiry, in the future");
+    tt.equal(link.find('agent_connectors_build_info', { part: 'link' }).length, 1, "part='link'");
+    const apply = await scrape(ports[APPLY] as number);
+    tt.ok(apply.value('agent_connectors_apply_tokens_total', { result: 'applied' }) >= 1, 'apply counted the token it applied');
+    tt.equal(apply.find('agent_connectors_build_info', { part: 'apply' }).length, 1, "part='apply'");
+    const refused = await request(`http://127.0.0.1:${ports[FORWARDER]}/metrics`, { headers: { host: 'metrics.example' } });
+    await refused.body.dump();
+    tt.equal(refused.statusCode, 403, 'a non-loopback Host is refused');
+    for (const { text } of [fwd, link, apply]) {
+      tt.notOk(text.includes(credential), 'no host credential in a scrape');
+      tt.notOk(minted.some((token) => text.includes(token)), 'no token in a scrape');
+    }
+  });
+
   await step('systemctl stop agent-connectors.target is clean', async (tt) => {
     // The SDK client holds a standing SSE GET; closing it lets the forwarder drain at once.
-    await client.close();
+    if (!clientClosed) await client.close();
     await lab.sh(`systemctl stop ${TARGET}`);
     for (const unit of [FORWARDER, CLI_PROXY, FETCH, APPLY]) {
       const p = await lab.waitShow(unit, ['ActiveState', 'SubState', 'Result', 'ExecMainCode', 'ExecMainStatus'], (s) => s.ActiveState === 'inactive' || s.ActiveState === 'failed');
