@@ -31,6 +31,8 @@ export class AuditSpool {
   #oldest: string[] = [];
   /** How many more drops may use `#oldest` before the directory is listed again. */
   #trusted = 0;
+  /** The dropped total when the current full episode began; undefined while the spool has room. */
+  #episodeFrom: number | undefined;
 
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
@@ -91,6 +93,11 @@ export class AuditSpool {
    * the next tenth of the bound, so a full spool costs a listing per ~1 000 calls, not per
    * call. The counter is persisted before the deletes: a crash over-counts, never
    * under-counts; so does a file the link had just uploaded (then the listing is redone).
+   *
+   * Logged once per episode, not per drop: one warning when the spool first overflows,
+   * one info line when a listing finds room again (with what the episode dropped). While
+   * the link is away for a day a per-drop line would be one per CLI call, and even a
+   * once-a-minute reminder would repeat what dropped.json, doctor and status already count.
    */
   async #makeRoom(): Promise<void> {
     const max = this.#config.maxEvents;
@@ -102,6 +109,10 @@ export class AuditSpool {
     const excess = this.#count - max + 1;
     if (excess <= 0) {
       this.#trusted = 0;
+      if (this.#episodeFrom !== undefined) {
+        this.#log.info({ droppedInEpisode: this.#dropped - this.#episodeFrom, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool has room again');
+        this.#episodeFrom = undefined;
+      }
       return;
     }
     this.#trusted -= 1;
@@ -114,7 +125,10 @@ export class AuditSpool {
       });
     }
     this.#count -= victims.length;
-    this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+    if (this.#episodeFrom === undefined) {
+      this.#episodeFrom = this.#dropped - victims.length;
+      this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { AuditSpool } from '../../src/cli-proxy/audit-spool.js';
@@ -93,4 +93,37 @@ t.test('a spool that stays full keeps exactly the newest events and counts every
     'the newest ten',
   );
   t.equal(await readDroppedCount(dir), 40);
+});
+
+t.test('the full-spool warning is logged once per episode: when it first overflows, again only after it had room', async (t) => {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log, records } = memoryLogger();
+  const spool = new AuditSpool({ dir, maxEvents: 5 }, log);
+  await spool.open();
+  const full = (): typeof records => records.filter((r) => r.msg === 'audit spool full: oldest events dropped');
+  const room = (): typeof records => records.filter((r) => r.msg === 'audit spool has room again');
+
+  for (let i = 0; i < 30; i++) spool.record(event(i));
+  await spool.flush();
+  t.equal(await readDroppedCount(dir), 25, 'every overflow dropped one event');
+  t.equal(full().length, 1, 'one warning for 25 drops');
+  t.match(full()[0], { level: 40, dropped: 1, droppedTotal: 1, maxEvents: 5 }, 'logged at the first drop, with the count so far');
+  t.equal(room().length, 0, 'still full');
+
+  // The link uploads and deletes everything; the next calls find room.
+  for (const n of await listAuditSpool(dir)) rmSync(join(dir, n));
+  for (let i = 30; i < 33; i++) spool.record(event(i));
+  await spool.flush();
+  t.equal(room().length, 1, 'one line when the spool has room again');
+  const dropped = await readDroppedCount(dir);
+  t.match(room()[0], { level: 30, droppedTotal: dropped, maxEvents: 5 });
+  t.equal(room()[0]?.droppedInEpisode, dropped, 'the episode dropped all there is');
+  t.equal(full().length, 1, 'no new warning while there is room');
+
+  // Full again: a new episode, a new warning, once.
+  for (let i = 33; i < 50; i++) spool.record(event(i));
+  await spool.flush();
+  t.equal(full().length, 2, 'a second episode, a second warning');
+  t.equal(full()[1]?.droppedTotal, dropped + 1, 'it starts from the total so far');
+  t.equal((await listAuditSpool(dir)).length, 5, 'held to the bound');
 });
