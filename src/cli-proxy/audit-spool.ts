@@ -1,6 +1,6 @@
 import { mkdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import { auditEventFileName, auditEventSchema, DROPPED_FILE, listAuditSpool, readDroppedCount, type AuditEvent } from '../data/audit-event.js';
+import { auditEventFileName, auditEventSchema, DEFAULT_AUDIT_MAX_EVENTS, DROPPED_FILE, listAuditSpool, readDroppedCount, SPOOL_FILE, spoolFileSchema, type AuditEvent } from '../data/audit-event.js';
 import { atomicWrite, sweepStaleTemps } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
 import { hookEnabled } from '../service/test-hooks.js';
@@ -11,7 +11,7 @@ export interface AuditSpoolConfig {
   maxEvents: number;
 }
 
-export const DEFAULT_AUDIT_MAX_EVENTS = 10_000;
+export { DEFAULT_AUDIT_MAX_EVENTS };
 
 /**
  * The cli-proxy's side of the audit spool (SPEC §9): one atomic file per event, 0640 in a
@@ -48,6 +48,9 @@ export class AuditSpool {
     if (swept.length > 0) this.#log.info({ removed: swept.length }, 'audit spool: removed partial writes of a killed process');
     this.#count = (await listAuditSpool(this.#config.dir)).length;
     this.#dropped = await readDroppedCount(this.#config.dir);
+    // For doctor, which cannot see this process's flags; a spool that cannot take it takes no events either (open fails).
+    const bound = spoolFileSchema.parse({ maxEvents: this.#config.maxEvents });
+    await atomicWrite(join(this.#config.dir, SPOOL_FILE), `${JSON.stringify(bound)}\n`, { mode: 0o640 });
   }
 
   record(event: AuditEvent): void {
