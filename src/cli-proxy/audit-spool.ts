@@ -9,7 +9,15 @@ export interface AuditSpoolConfig {
   dir: string;
   /** The bound: past it the oldest events are deleted and counted in dropped.json. */
   maxEvents: number;
+  /** Events waiting in memory for their write (default 10 000); past it new ones are shed and counted. */
+  maxQueued?: number;
 }
+
+/**
+ * Up to ~1 KB of memory each while queued. The disk writes 56–420 events/s on the shared VM
+ * (docs/audit.md, Cost): a burst above that rate waits here, but not without end.
+ */
+export const DEFAULT_AUDIT_MAX_QUEUED = 10_000;
 
 export { DEFAULT_AUDIT_MAX_EVENTS };
 
@@ -33,6 +41,12 @@ export class AuditSpool {
   #trusted = 0;
   /** The dropped total when the current full episode began; undefined while the spool has room. */
   #episodeFrom: number | undefined;
+  /** Events recorded and not yet written (or failed). */
+  #queued = 0;
+  /** Shed from a full queue and not yet added to dropped.json. */
+  #shed = 0;
+  /** How many the current queue-full episode has shed; undefined while the queue has room. */
+  #shedInEpisode: number | undefined;
 
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
@@ -53,18 +67,46 @@ export class AuditSpool {
     await atomicWrite(join(this.#config.dir, SPOOL_FILE), `${JSON.stringify(bound)}\n`, { mode: 0o640 });
   }
 
+  /**
+   * Queues the event's write. Past `maxQueued` waiting (the disk behind a burst) the event
+   * is shed instead: the newest, not the oldest, since those are already on their way to
+   * disk; counted in dropped.json with the next write, logged once per episode.
+   */
   record(event: AuditEvent): void {
-    this.#tail = this.#tail.then(() => this.#write(event));
+    if (this.#queued >= (this.#config.maxQueued ?? DEFAULT_AUDIT_MAX_QUEUED)) {
+      this.#shed += 1;
+      if (this.#shedInEpisode === undefined) this.#log.warn({ maxQueued: this.#config.maxQueued ?? DEFAULT_AUDIT_MAX_QUEUED }, 'audit queue full: the disk is behind; new events dropped');
+      this.#shedInEpisode = (this.#shedInEpisode ?? 0) + 1;
+      return;
+    }
+    if (this.#shedInEpisode !== undefined) {
+      this.#log.info({ droppedInEpisode: this.#shedInEpisode }, 'audit queue has room again');
+      this.#shedInEpisode = undefined;
+    }
+    this.#queued += 1;
+    this.#tail = this.#tail.then(() => this.#write(event)).finally(() => void (this.#queued -= 1));
   }
 
-  /** Resolves once every recorded event is on disk (or has failed): for shutdown. */
+  /** Resolves once every recorded event is on disk (or has failed), and every drop counted: for shutdown. */
   async flush(): Promise<void> {
     await this.#tail;
+    if (this.#shed > 0) await this.#countShed().catch((err: unknown) => this.#log.error({ err: { message: (err as Error).message } }, 'audit drop count not saved'));
+  }
+
+  async #countShed(): Promise<void> {
+    this.#dropped += this.#shed;
+    this.#shed = 0;
+    await this.#saveDropped();
+  }
+
+  async #saveDropped(): Promise<void> {
+    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
   }
 
   async #write(event: AuditEvent): Promise<void> {
     try {
       const checked = auditEventSchema.parse(event);
+      if (this.#shed > 0) await this.#countShed();
       if (this.#count >= this.#config.maxEvents) await this.#makeRoom();
       const name = auditEventFileName(checked);
       await atomicWrite(join(this.#config.dir, name), `${JSON.stringify(checked)}\n`, {
@@ -121,7 +163,7 @@ export class AuditSpool {
     this.#trusted -= 1;
     const victims = this.#oldest.splice(0, excess);
     this.#dropped += victims.length;
-    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
+    await this.#saveDropped();
     for (const name of victims) {
       await unlink(join(this.#config.dir, name)).catch(() => {
         this.#trusted = 0; // the link is taking files again: look before dropping more

@@ -2,9 +2,10 @@ import { randomUUID } from 'node:crypto';
 import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { AuditSpool } from '../../src/cli-proxy/audit-spool.js';
+import { AuditSpool, type AuditSpoolConfig } from '../../src/cli-proxy/audit-spool.js';
 import { listAuditSpool, readDroppedCount, readSpooledEvent, type AuditEvent } from '../../src/data/audit-event.js';
-import { memoryLogger } from '../support/memory-log.js';
+import { memoryLogger, type LogRecord } from '../support/memory-log.js';
+import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
 
 function event(i: number): AuditEvent {
@@ -22,6 +23,29 @@ function event(i: number): AuditEvent {
   };
 }
 
+/** The ids of the events on disk, oldest first. */
+async function spooledIds(dir: string): Promise<Array<string | undefined>> {
+  const kept = await Promise.all((await listAuditSpool(dir)).map((n) => readSpooledEvent(dir, n)));
+  return kept.map((k) => (k && 'event' in k ? k.event.id : undefined));
+}
+
+/** A fresh spool in a temp dir, opened, with its log kept in memory. */
+async function openSpool(t: TapTest, config: Omit<AuditSpoolConfig, 'dir'>): Promise<{ dir: string; spool: AuditSpool; records: LogRecord[] }> {
+  const dir = join(tempDir('ac-spool-', t), 'audit');
+  const { log, records } = memoryLogger();
+  const spool = new AuditSpool({ dir, ...config }, log);
+  await spool.open();
+  return { dir, spool, records };
+}
+
+/** `n` events recorded at once, as from n answers in one tick, then written. */
+async function recordAll(spool: AuditSpool, n: number): Promise<AuditEvent[]> {
+  const events = Array.from({ length: n }, (_, i) => event(i));
+  for (const e of events) spool.record(e);
+  await spool.flush();
+  return events;
+}
+
 t.test('one 0640 file per event, oldest first; past the bound the oldest go and the persisted counter says how many', async (t) => {
   const dir = join(tempDir('ac-spool-', t), 'audit');
   const { log, records } = memoryLogger();
@@ -32,9 +56,8 @@ t.test('one 0640 file per event, oldest first; past the bound the oldest go and 
   await spool.flush();
   const names = await listAuditSpool(dir);
   t.equal(names.length, 3, 'held to the bound');
-  const kept = await Promise.all(names.map((n) => readSpooledEvent(dir, n)));
   t.same(
-    kept.map((k) => (k && 'event' in k ? k.event.id : undefined)),
+    await spooledIds(dir),
     events.slice(2).map((e) => e.id),
     'the newest three, oldest first',
   );
@@ -79,16 +102,10 @@ t.test('open() removes a temp file a killed writer left, never a live one, and r
 });
 
 t.test('a spool that stays full keeps exactly the newest events and counts every drop', async (t) => {
-  const dir = join(tempDir('ac-spool-', t), 'audit');
-  const { log } = memoryLogger();
-  const spool = new AuditSpool({ dir, maxEvents: 10 }, log);
-  await spool.open();
-  const events = Array.from({ length: 50 }, (_, i) => event(i));
-  for (const e of events) spool.record(e);
-  await spool.flush();
-  const kept = await Promise.all((await listAuditSpool(dir)).map((n) => readSpooledEvent(dir, n)));
+  const { dir, spool } = await openSpool(t, { maxEvents: 10 });
+  const events = await recordAll(spool, 50);
   t.same(
-    kept.map((k) => (k && 'event' in k ? k.event.id : undefined)),
+    await spooledIds(dir),
     events.slice(40).map((e) => e.id),
     'the newest ten',
   );
@@ -96,10 +113,7 @@ t.test('a spool that stays full keeps exactly the newest events and counts every
 });
 
 t.test('the full-spool warning is logged once per episode: when it first overflows, again only after it had room', async (t) => {
-  const dir = join(tempDir('ac-spool-', t), 'audit');
-  const { log, records } = memoryLogger();
-  const spool = new AuditSpool({ dir, maxEvents: 5 }, log);
-  await spool.open();
+  const { dir, spool, records } = await openSpool(t, { maxEvents: 5 });
   const full = (): typeof records => records.filter((r) => r.msg === 'audit spool full: oldest events dropped');
   const room = (): typeof records => records.filter((r) => r.msg === 'audit spool has room again');
 
@@ -126,4 +140,25 @@ t.test('the full-spool warning is logged once per episode: when it first overflo
   t.equal(full().length, 2, 'a second episode, a second warning');
   t.equal(full()[1]?.droppedTotal, dropped + 1, 'it starts from the total so far');
   t.equal((await listAuditSpool(dir)).length, 5, 'held to the bound');
+});
+
+t.test('a burst faster than the disk: past maxQueued waiting, new events are shed, counted in dropped.json, logged once', async (t) => {
+  const { dir, spool, records } = await openSpool(t, { maxEvents: 100, maxQueued: 4 });
+  // All at once: no write can finish in between.
+  const burst = await recordAll(spool, 10);
+  t.same(
+    await spooledIds(dir),
+    burst.slice(0, 4).map((e) => e.id),
+    'the first four, already queued, are written',
+  );
+  t.equal(await readDroppedCount(dir), 6, 'the six shed are counted');
+  const full = records.filter((r) => r.msg === 'audit queue full: the disk is behind; new events dropped');
+  t.equal(full.length, 1, 'one warning for six shed');
+  t.match(full[0], { level: 40, maxQueued: 4 });
+
+  spool.record(event(20));
+  await spool.flush();
+  t.match(records.filter((r) => r.msg === 'audit queue has room again'), [{ level: 30, droppedInEpisode: 6 }], 'the end of the episode, with its count');
+  t.equal((await listAuditSpool(dir)).length, 5, 'room again: written');
+  t.equal(await readDroppedCount(dir), 6, 'nothing more dropped');
 });
