@@ -3,7 +3,7 @@ import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node
 import { join } from 'node:path';
 import t from 'tap';
 import { AuditSpool, type AuditSpoolConfig } from '../../src/cli-proxy/audit-spool.js';
-import { listAuditSpool, readDroppedCount, readSpooledEvent, type AuditEvent } from '../../src/data/audit-event.js';
+import { listAuditSpool, readAuditSpool, readDroppedCount, readSpooledEvent, type AuditEvent } from '../../src/data/audit-event.js';
 import { memoryLogger, type LogRecord } from '../support/memory-log.js';
 import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
@@ -56,6 +56,8 @@ t.test('one 0640 file per event, oldest first; past the bound the oldest go and 
   await spool.flush();
   const names = await listAuditSpool(dir);
   t.equal(names.length, 3, 'held to the bound');
+  // What doctor and status read of it, without reading an event: the bound is the one this spool enforces.
+  t.same(await readAuditSpool(dir), { events: 3, oldestAt: Date.parse(events[2]?.time ?? ''), dropped: 2, maxEvents: 3, maxEventsRecorded: true }, 'readAuditSpool');
   t.same(
     await spooledIds(dir),
     events.slice(2).map((e) => e.id),
