@@ -39,8 +39,8 @@ export class AuditSpool {
   #oldest: string[] = [];
   /** How many more drops may use `#oldest` before the directory is listed again. */
   #trusted = 0;
-  /** The dropped total when the current full episode began; undefined while the spool has room. */
-  #episodeFrom: number | undefined;
+  /** How many the current full episode has dropped; undefined while the spool has room. */
+  #episodeDropped: number | undefined;
   /** Events recorded and not yet written (or failed). */
   #queued = 0;
   /** Shed from a full queue and not yet added to dropped.json. */
@@ -154,9 +154,9 @@ export class AuditSpool {
     const excess = this.#count - max + 1;
     if (excess <= 0) {
       this.#trusted = 0;
-      if (this.#episodeFrom !== undefined) {
-        this.#log.info({ droppedInEpisode: this.#dropped - this.#episodeFrom, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool has room again');
-        this.#episodeFrom = undefined;
+      if (this.#episodeDropped !== undefined) {
+        this.#log.info({ droppedInEpisode: this.#episodeDropped, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool has room again');
+        this.#episodeDropped = undefined;
       }
       return;
     }
@@ -170,10 +170,8 @@ export class AuditSpool {
       });
     }
     this.#count -= victims.length;
-    if (this.#episodeFrom === undefined) {
-      this.#episodeFrom = this.#dropped - victims.length;
-      this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
-    }
+    if (this.#episodeDropped === undefined) this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+    this.#episodeDropped = (this.#episodeDropped ?? 0) + victims.length;
   }
 }
 
