@@ -11,6 +11,7 @@ import { runRotation } from './rotation.js';
 import { runPeerCheck } from './peer-check.js';
 import { runLink } from './link.js';
 import { runMetricsCost } from './metrics-cost.js';
+import { runAuditCost } from './audit-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -21,13 +22,14 @@ async function main(): Promise<number> {
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {
-    opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics'));
+    opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics' && a !== '--audit'));
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}\n`);
     return 2;
   }
   installCleanup();
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
+  if (argv.includes('--audit')) return runAuditCost(opts, log).then((r) => (process.stdout.write(`${JSON.stringify(r, null, 2)}\n`), 0));
   if (argv.includes('--metrics')) {
     process.stdout.write(`${JSON.stringify(await runMetricsCost(opts, log), null, 2)}\n`);
     return 0;

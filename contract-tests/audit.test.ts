@@ -137,7 +137,8 @@ function auditedIds(proxy: ProxyProc): string[] {
 }
 
 function spoolFiles(dir: string): string[] {
-  return readdirSync(dir).filter((n) => !n.startsWith('.') && n !== 'dropped.json' && n !== 'upload.json');
+  // Events only: not temps, dropped.json, upload.json or spool.json.
+  return readdirSync(dir).filter((n) => /^\d{15}-/.test(n));
 }
 
 /** Calls `n` times and waits until the proxy logged each call (its event is queued by then). */

@@ -37,6 +37,8 @@ export const USAGE = `usage: npm run bench -- [options]
                          (6 minutes on a busy 2-core VM; docs/host-link.md)
   --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen
                          off and on, alternating (a full run includes it; docs/metrics.md)
+  --audit                only the audit cost: cli-proxy CPU and disk writes per request with
+                         --no-audit and with the spool on, alternating (docs/audit.md)
   --reps N               repetitions (default 3)
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections

@@ -45,7 +45,7 @@ export interface PeerStartOptions {
   endpoints: Endpoints;
   /** Extra node flags for the Node peers (`--cpu-prof`, …). */
   nodeArgs?: string[];
-  /** Extra CLI options for the forwarder peers (`--metrics-listen …`). */
+  /** Extra CLI options for the forwarder and cli-proxy peers (`--metrics-listen …`, `--no-audit`). */
   extraArgs?: string[];
   workDir: string;
 }
@@ -142,7 +142,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
       const catalog = { bench: { upstream: up, tokenFile, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' } } };
       writeFileSync(join(cdir, 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
-      const proc = await startNode(opts, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info']);
+      const proc = await startNode(opts, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...(opts.extraArgs ?? [])]);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`);
     }
   }

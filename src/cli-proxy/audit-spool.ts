@@ -1,6 +1,6 @@
 import { mkdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import { auditEventFileName, auditEventSchema, DROPPED_FILE, listAuditSpool, readDroppedCount, type AuditEvent } from '../data/audit-event.js';
+import { auditEventFileName, auditEventSchema, DEFAULT_AUDIT_MAX_EVENTS, DROPPED_FILE, listAuditSpool, readDroppedCount, SPOOL_FILE, spoolFileSchema, type AuditEvent } from '../data/audit-event.js';
 import { atomicWrite, sweepStaleTemps } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
 import { hookEnabled } from '../service/test-hooks.js';
@@ -9,9 +9,17 @@ export interface AuditSpoolConfig {
   dir: string;
   /** The bound: past it the oldest events are deleted and counted in dropped.json. */
   maxEvents: number;
+  /** Events waiting in memory for their write (default 10 000); past it new ones are shed and counted. */
+  maxQueued?: number;
 }
 
-export const DEFAULT_AUDIT_MAX_EVENTS = 10_000;
+/**
+ * Up to ~1 KB of memory each while queued. The disk writes 56–420 events/s on the shared VM
+ * (docs/audit.md, Cost): a burst above that rate waits here, but not without end.
+ */
+export const DEFAULT_AUDIT_MAX_QUEUED = 10_000;
+
+export { DEFAULT_AUDIT_MAX_EVENTS };
 
 /**
  * The cli-proxy's side of the audit spool (SPEC §9): one atomic file per event, 0640 in a
@@ -31,6 +39,14 @@ export class AuditSpool {
   #oldest: string[] = [];
   /** How many more drops may use `#oldest` before the directory is listed again. */
   #trusted = 0;
+  /** How many the current full episode has dropped; undefined while the spool has room. */
+  #episodeDropped: number | undefined;
+  /** Events recorded and not yet written (or failed). */
+  #queued = 0;
+  /** Shed from a full queue and not yet added to dropped.json. */
+  #shed = 0;
+  /** How many the current queue-full episode has shed; undefined while the queue has room. */
+  #shedInEpisode: number | undefined;
 
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
@@ -46,20 +62,51 @@ export class AuditSpool {
     if (swept.length > 0) this.#log.info({ removed: swept.length }, 'audit spool: removed partial writes of a killed process');
     this.#count = (await listAuditSpool(this.#config.dir)).length;
     this.#dropped = await readDroppedCount(this.#config.dir);
+    // For doctor, which cannot see this process's flags; a spool that cannot take it takes no events either (open fails).
+    const bound = spoolFileSchema.parse({ maxEvents: this.#config.maxEvents });
+    await atomicWrite(join(this.#config.dir, SPOOL_FILE), `${JSON.stringify(bound)}\n`, { mode: 0o640 });
   }
 
+  /**
+   * Queues the event's write. Past `maxQueued` waiting (the disk behind a burst) the event
+   * is shed instead: the newest, not the oldest, since those are already on their way to
+   * disk; counted in dropped.json with the next write, logged once per episode.
+   */
   record(event: AuditEvent): void {
-    this.#tail = this.#tail.then(() => this.#write(event));
+    if (this.#queued >= (this.#config.maxQueued ?? DEFAULT_AUDIT_MAX_QUEUED)) {
+      this.#shed += 1;
+      if (this.#shedInEpisode === undefined) this.#log.warn({ maxQueued: this.#config.maxQueued ?? DEFAULT_AUDIT_MAX_QUEUED }, 'audit queue full: the disk is behind; new events dropped');
+      this.#shedInEpisode = (this.#shedInEpisode ?? 0) + 1;
+      return;
+    }
+    if (this.#shedInEpisode !== undefined) {
+      this.#log.info({ droppedInEpisode: this.#shedInEpisode }, 'audit queue has room again');
+      this.#shedInEpisode = undefined;
+    }
+    this.#queued += 1;
+    this.#tail = this.#tail.then(() => this.#write(event)).finally(() => void (this.#queued -= 1));
   }
 
-  /** Resolves once every recorded event is on disk (or has failed): for shutdown. */
+  /** Resolves once every recorded event is on disk (or has failed), and every drop counted: for shutdown. */
   async flush(): Promise<void> {
     await this.#tail;
+    if (this.#shed > 0) await this.#countShed().catch((err: unknown) => this.#log.error({ err: { message: (err as Error).message } }, 'audit drop count not saved'));
+  }
+
+  async #countShed(): Promise<void> {
+    this.#dropped += this.#shed;
+    this.#shed = 0;
+    await this.#saveDropped();
+  }
+
+  async #saveDropped(): Promise<void> {
+    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
   }
 
   async #write(event: AuditEvent): Promise<void> {
     try {
       const checked = auditEventSchema.parse(event);
+      if (this.#shed > 0) await this.#countShed();
       if (this.#count >= this.#config.maxEvents) await this.#makeRoom();
       const name = auditEventFileName(checked);
       await atomicWrite(join(this.#config.dir, name), `${JSON.stringify(checked)}\n`, {
@@ -91,6 +138,11 @@ export class AuditSpool {
    * the next tenth of the bound, so a full spool costs a listing per ~1 000 calls, not per
    * call. The counter is persisted before the deletes: a crash over-counts, never
    * under-counts; so does a file the link had just uploaded (then the listing is redone).
+   *
+   * Logged once per episode, not per drop: one warning when the spool first overflows,
+   * one info line when a listing finds room again (with what the episode dropped). While
+   * the link is away for a day a per-drop line would be one per CLI call, and even a
+   * once-a-minute reminder would repeat what dropped.json, doctor and status already count.
    */
   async #makeRoom(): Promise<void> {
     const max = this.#config.maxEvents;
@@ -102,19 +154,24 @@ export class AuditSpool {
     const excess = this.#count - max + 1;
     if (excess <= 0) {
       this.#trusted = 0;
+      if (this.#episodeDropped !== undefined) {
+        this.#log.info({ droppedInEpisode: this.#episodeDropped, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool has room again');
+        this.#episodeDropped = undefined;
+      }
       return;
     }
     this.#trusted -= 1;
     const victims = this.#oldest.splice(0, excess);
     this.#dropped += victims.length;
-    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
+    await this.#saveDropped();
     for (const name of victims) {
       await unlink(join(this.#config.dir, name)).catch(() => {
         this.#trusted = 0; // the link is taking files again: look before dropping more
       });
     }
     this.#count -= victims.length;
-    this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+    if (this.#episodeDropped === undefined) this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');
+    this.#episodeDropped = (this.#episodeDropped ?? 0) + victims.length;
   }
 }
 

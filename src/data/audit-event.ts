@@ -71,6 +71,46 @@ export const UPLOAD_STATUS_FILE = 'upload.json';
 export const uploadStatusSchema = z.strictObject({ lastUploadAt: rfc3339Schema, lastAccepted: z.number().int().min(0) });
 export type UploadStatus = z.infer<typeof uploadStatusSchema>;
 
+/** The cli-proxy's default bound on the spool (`--audit-max-events`). */
+export const DEFAULT_AUDIT_MAX_EVENTS = 10_000;
+
+/**
+ * `spool.json`, written by the cli-proxy when it opens the spool: the bound it enforces, so
+ * doctor can tell a full spool without knowing the cli-proxy's command line.
+ */
+export const SPOOL_FILE = 'spool.json';
+export const spoolFileSchema = z.strictObject({ maxEvents: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) });
+
+/** What a reader can tell of the spool without reading an event: for doctor and status. */
+export interface AuditSpoolSummary {
+  /** Event files waiting for the link. */
+  events: number;
+  /** When the oldest waiting event's request arrived (ms since epoch). */
+  oldestAt?: number;
+  dropped: number;
+  /** The cli-proxy's bound as it last recorded it; the default when it never did. */
+  maxEvents: number;
+  maxEventsRecorded: boolean;
+  upload?: UploadStatus;
+}
+
+export async function readAuditSpool(dir: string): Promise<AuditSpoolSummary> {
+  const names = await listAuditSpool(dir);
+  const bound = await readFile(join(dir, SPOOL_FILE), 'utf8')
+    .then((text) => spoolFileSchema.parse(JSON.parse(text)).maxEvents)
+    .catch(() => undefined);
+  const upload = await readUploadStatus(dir);
+  const oldest = names[0];
+  return {
+    events: names.length,
+    ...(oldest ? { oldestAt: spooledAt(oldest) } : {}),
+    dropped: await readDroppedCount(dir),
+    maxEvents: bound ?? DEFAULT_AUDIT_MAX_EVENTS,
+    maxEventsRecorded: bound !== undefined,
+    ...(upload ? { upload } : {}),
+  };
+}
+
 export async function readUploadStatus(dir: string): Promise<UploadStatus | undefined> {
   try {
     const parsed = uploadStatusSchema.safeParse(JSON.parse(await readFile(join(dir, UPLOAD_STATUS_FILE), 'utf8')));
@@ -81,6 +121,11 @@ export async function readUploadStatus(dir: string): Promise<UploadStatus | unde
 }
 
 const EVENT_FILE = /^\d{15}-[0-9a-f-]{36}\.json$/;
+
+/** When a spooled event's request arrived (ms since epoch), from its file name. */
+export function spooledAt(name: string): number {
+  return Number(name.slice(0, 15));
+}
 
 export function auditEventFileName(event: AuditEvent): string {
   return `${String(Date.parse(event.time)).padStart(15, '0')}-${event.id}.json`;

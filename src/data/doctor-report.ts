@@ -17,7 +17,7 @@ export type CheckStatus = z.infer<typeof checkStatusSchema>;
 const problemCodeSchema = z.string().regex(/^[a-z][a-z0-9_]{0,63}$/);
 
 export const doctorCheckSchema = z.strictObject({
-  /** The area: users, directories, registry, catalog, tokens, credential, agent user, renewal, ports, units, enrolment, link, desired state, drift. */
+  /** The area: users, directories, registry, catalog, tokens, credential, agent user, renewal, ports, units, enrolment, link, desired state, drift, audit. */
   check: z.string().min(1),
   status: checkStatusSchema,
   /** Present on every warn and problem. */

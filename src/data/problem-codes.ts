@@ -16,6 +16,12 @@ export function partProblem(part: string, health: PartHealth): string | undefine
 export const STATE_REJECTED = 'state_rejected';
 export const SLOT_FILE_INVALID = 'slot_file_invalid';
 export const CREDENTIAL_UNUSABLE = 'credential_unusable';
+/** doctor only: the audit spool is at its bound, so each CLI call drops the oldest event. */
+export const AUDIT_SPOOL_FULL = 'audit_spool_full';
+/** doctor only: events wait and nothing reached the Gateway for longer than a backoff could explain. */
+export const AUDIT_UPLOAD_STALE = 'audit_upload_stale';
+/** doctor only: the spool lacks the setgid bit (made by a process, not tmpfiles), so the link may not read new events. */
+export const AUDIT_DIR_NOT_SETGID = 'audit_dir_not_setgid';
 
 /** Whether apply's record holds a rejection newer than the version in force (an older one was superseded). */
 export function rejectionPending(applied: AppliedState | undefined): boolean {

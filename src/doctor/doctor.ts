@@ -6,6 +6,7 @@ import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
+import { auditChecks } from './audit-checks.js';
 import { Findings, type Finding } from './finding.js';
 import { linkChecks, readEnrolment, reapplyFix, type LinkFacts } from './link-checks.js';
 import { probeHealth, systemdRunning, unitState } from './probe.js';
@@ -75,8 +76,9 @@ export async function canRead(path: string, who: Account): Promise<boolean> {
 /**
  * Checks a host installation and says, for each problem, the command that fixes it:
  * users and groups, directory and file owners and modes, that the Agent UID can read no
- * secret, the two ports, the units, token freshness, registry and catalog validity; on an
- * enrolled host also the link, the desired-state versions and drift (link-checks.ts).
+ * secret, the two ports, the units, token freshness, registry and catalog validity, the
+ * audit spool (audit-checks.ts); on an enrolled host also the link, the desired-state
+ * versions and drift (link-checks.ts).
  */
 export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   return (await diagnose(o)).findings;
@@ -221,5 +223,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   }
   // 8. an enrolled host: enrolment, the link, versions, drift (none of it on a host never enrolled)
   const link = await linkChecks({ credentialPath: credential, handoffDir: o.handoffDir, layout, now }, out);
+  // 9. the native_cli audit spool: its directory, its depth, and whether it drains
+  await auditChecks({ dir: layout.audit, now, uid: service?.uid, gid: renewGid, enrolled: link.enrolment.enrolled, link: link.link }, out);
   return { findings: out.list, link };
 }

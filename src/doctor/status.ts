@@ -1,5 +1,5 @@
 import { readAppliedState } from '../data/applied-state.js';
-import { listAuditSpool, readDroppedCount, readUploadStatus } from '../data/audit-event.js';
+import { readAuditSpool } from '../data/audit-event.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { HOST_STATUS_FORMAT, hostStatusSchema, type HostStatus, type PartState } from '../data/host-status.js';
 import { readLinkStatus } from '../data/link-status.js';
@@ -43,11 +43,10 @@ export async function hostStatus(o: StatusOptions): Promise<HostStatus> {
   const applied = await readAppliedState(o.handoffDir);
   const received = await readReceived(o.handoffDir);
   const { slots } = await readSlots(handoffPaths(o.handoffDir));
-  const uploaded = o.auditDir ? await readUploadStatus(o.auditDir) : undefined;
-  const audit = o.auditDir ? { spooled: (await listAuditSpool(o.auditDir).catch(() => [])).length, dropped: await readDroppedCount(o.auditDir).catch(() => 0) } : undefined;
+  const spool = o.auditDir ? await readAuditSpool(o.auditDir).catch(() => ({ events: 0, dropped: 0, upload: undefined })) : undefined;
   return hostStatusSchema.parse({
-    ...(uploaded ? { lastAuditUpload: uploaded.lastUploadAt } : {}),
-    ...(audit ? { audit } : {}),
+    ...(spool?.upload ? { lastAuditUpload: spool.upload.lastUploadAt } : {}),
+    ...(spool ? { audit: { spooled: spool.events, dropped: spool.dropped } } : {}),
     format: HOST_STATUS_FORMAT,
     version: o.version,
     generatedAt: new Date(now).toISOString(),

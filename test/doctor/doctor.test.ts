@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
@@ -5,7 +6,9 @@ import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } 
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
+import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
 import { doctorReportSchema } from '../../src/data/doctor-report.js';
+import type { LinkStatus } from '../../src/data/link-status.js';
 import { runDoctor, type Finding } from '../../src/doctor/doctor.js';
 import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, writeToken } from '../support/cli-proc.js';
 import { startProxy, type ProxyProc } from '../support/proxy-rig.js';
@@ -72,6 +75,7 @@ interface Fixture {
   tokenFile: string;
   providerToken: string;
   slotFile: string;
+  audit: string;
 }
 
 const HOUR = 3600_000;
@@ -117,6 +121,8 @@ function buildFixture(ids: Ids): Fixture {
   dir(handoff, 0o2770, ids.ac, ids.renew);
   dir(inbox, 0o2770, ids.ac, ids.renew);
   dir(slots, 0o2770, ids.ac, ids.renew);
+  const audit = join(stateDir, 'audit');
+  dir(audit, 0o2770, ids.ac, ids.renew);
 
   counter++;
   const tokenFile = join(fwdDir, 'inst-a.token');
@@ -140,7 +146,7 @@ function buildFixture(ids: Ids): Fixture {
   writeOwned(slotFile, slotJson('instance:inst-a'), 0o640, ids.ac, ids.renew);
   writeOwned(join(slots, 'cli:notion.json'), slotJson('cli:notion'), 0o640, ids.ac, ids.renew);
   t.teardown(() => rmSync(base, { recursive: true, force: true }));
-  return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile };
+  return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile, audit };
 }
 
 interface DoctorRun {
@@ -239,7 +245,7 @@ test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   tt.same(problems(run), [], 'no problem');
   tt.same(run.findings.filter((f) => f.level === 'warn'), [], 'no warning either');
   const checks = new Set(run.findings.map((f) => f.check));
-  for (const c of ['users', 'directories', 'registry', 'catalog', 'agent user', 'renewal', 'ports']) tt.ok(checks.has(c), `checked: ${c}`);
+  for (const c of ['users', 'directories', 'registry', 'catalog', 'agent user', 'renewal', 'ports', 'audit']) tt.ok(checks.has(c), `checked: ${c}`);
   tt.notOk(checks.has('units'), '--no-systemd skips the units');
   for (const c of ['enrolment', 'link', 'desired state', 'drift']) tt.notOk(checks.has(c), `never enrolled: no ${c} check`);
   tt.equal(run.findings.filter((f) => f.check === 'directories' && f.level === 'ok').length, 6, 'all six directories ok');
@@ -562,6 +568,137 @@ test('units are checked unless --no-systemd: each unit finding has a fix', async
   tt.equal(units.length, 4, 'four units checked');
   for (const u of units.filter((f) => f.level === 'problem')) tt.ok(u.fix, `${u.detail}: has a fix`);
   tt.equal(run.code, units.some((f) => f.level === 'problem') ? 1 : 0, 'exit code follows the unit findings');
+});
+
+/** `n` spooled events whose requests arrived `ageMs` ago, as the cli-proxy names and writes them. */
+function spoolEvents(fx: Fixture, n: number, ageMs: number): void {
+  for (let i = 0; i < n; i++) {
+    const e: AuditEvent = { id: randomUUID(), time: new Date(Date.now() - ageMs + i).toISOString(), provider: 'notion', method: 'GET', path: '/v1/pages', status: 200, bytesIn: 0, bytesOut: 10, durationMs: 3, peerUid: 1000 };
+    writeOwned(join(fx.audit, auditEventFileName(e)), `${JSON.stringify(e)}\n`, 0o640, ids.ac, ids.renew);
+  }
+}
+
+const auditFindings = (findings: Finding[]): Finding[] => findings.filter((f) => f.check === 'audit');
+
+test('the audit spool directory: missing, 770 (made by a process, not tmpfiles), a wrong mode, a wrong owner; each with its fix', async (tt) => {
+  const cases: Array<[string, (fx: Fixture) => void, 'warn' | 'problem', RegExp, (fx: Fixture) => string | RegExp]> = [
+    ['missing', (fx) => rmSync(fx.audit, { recursive: true }), 'problem', /is missing: the cli-proxy records no CLI call$/, () => /^systemd-tmpfiles --create /],
+    ['770', (fx) => chmodSync(fx.audit, 0o770), 'warn', /has mode 770, not tmpfiles' 2770/, (fx) => `chmod 2770 ${fx.audit}`],
+    ['755', (fx) => chmodSync(fx.audit, 0o755), 'problem', /has mode 755, expected 2770$/, (fx) => `chmod 2770 ${fx.audit}`],
+    ['owner', (fx) => chownSync(fx.audit, ids.ac, ids.acGroup), 'problem', /is not owned by agent-connectors:agent-connectors-renew$/, (fx) => `chown -R agent-connectors:agent-connectors-renew ${fx.audit}`],
+  ];
+  await Promise.all(
+    cases.map(async ([what, spoil, level, detail, fix]) => {
+      const fx = buildFixture(ids);
+      spoil(fx);
+      const run = await doctor(baseArgs(fx));
+      const f = auditFindings(run.findings).find((x) => x.level === level && detail.test(x.detail));
+      tt.ok(f, `${what}: a ${level} matching ${detail} (got ${JSON.stringify(auditFindings(run.findings))})`);
+      tt.equal(run.code, level === 'problem' ? 1 : 0, `${what}: exit code`);
+      const want = fix(fx);
+      if (typeof want === 'string') tt.equal(f?.fix, want, `${what}: the fix`);
+      else tt.match(f?.fix ?? '', want, `${what}: the fix`);
+      tt.match(f?.code ?? '', /^[a-z][a-z0-9_]+$/, `${what}: a code`);
+      if (f?.fix && typeof want === 'string') {
+        applyFix(f.fix, fx);
+        const again = await doctor(baseArgs(fx));
+        tt.same(auditFindings(again.findings).filter((x) => x.level !== 'ok'), [], `${what}: fixed by its fix`);
+      }
+    }),
+  );
+});
+
+test('a full spool (the bound the cli-proxy recorded) on a host never enrolled: a warning with the count dropped; nothing stale', async (tt) => {
+  const fx = buildFixture(ids);
+  writeOwned(join(fx.audit, 'spool.json'), JSON.stringify({ maxEvents: 4 }), 0o640, ids.ac, ids.renew);
+  writeOwned(join(fx.audit, 'dropped.json'), JSON.stringify({ dropped: 17 }), 0o640, ids.ac, ids.renew);
+  spoolEvents(fx, 3, 2 * HOUR);
+  const below = await doctor(baseArgs(fx));
+  tt.same(auditFindings(below.findings).filter((f) => f.level !== 'ok'), [], 'one below the bound, two hours old, not enrolled: no warning');
+  tt.ok(auditFindings(below.findings).some((f) => f.level === 'ok' && /3 event\(s\) waiting of at most 4, 17 dropped so far.*not enrolled: nothing uploads them/.test(f.detail)), 'the ok line counts them');
+
+  spoolEvents(fx, 1, HOUR);
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 0, 'a warning, not a problem: exit 0');
+  const full = auditFindings(run.findings).filter((f) => f.level === 'warn');
+  tt.equal(full.length, 1, `one warning (got ${JSON.stringify(full)})`);
+  tt.equal(full[0]?.code, 'audit_spool_full');
+  tt.match(full[0]?.detail ?? '', /the spool is full: 4 event\(s\) waiting of at most 4, 17 dropped so far.*the host is not enrolled/);
+  tt.match(full[0]?.fix ?? '', /--no-audit/);
+});
+
+interface EnrolledHost {
+  fx: Fixture;
+  credentialPath: string;
+}
+
+/** The fixture as `enroll` leaves it: the credential (0600) and link.env beside it. */
+function enrolledHost(): EnrolledHost {
+  const fx = buildFixture(ids);
+  const etc = join(fx.base, 'etc');
+  mkdirSync(etc);
+  const credentialPath = join(etc, 'host-credential');
+  writeToken(credentialPath, `cred-doctor-audit-${++counter}-V8m2`);
+  writeFileSync(join(etc, 'link.env'), 'AGENT_CONNECTORS_GATEWAY_URL=https://gateway.example\nAGENT_CONNECTORS_HOST_ID=host-doctor-audit\n');
+  return { fx, credentialPath };
+}
+
+function linkStatus(fx: Fixture, pid: number, state: LinkStatus['state'], lastError: LinkStatus['lastError'] = null): void {
+  const at = new Date(Date.now() - HOUR).toISOString();
+  const status: LinkStatus = { pid, state, since: at, updatedAt: at, lastSyncAt: state === 'polling' ? at : null, receivedVersion: null, lastError };
+  writeOwned(join(fx.handoff, 'link-status.json'), JSON.stringify(status), 0o640, ids.ac, ids.renew);
+}
+
+/** A pid that ran and is gone. */
+function deadPid(): number {
+  const r = spawnSync('true');
+  if (r.pid === undefined) throw new Error('no pid');
+  return r.pid;
+}
+
+test('an enrolled host whose events wait and whose last upload is old: a warning naming why, from the link status', async (tt) => {
+  const common = { forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
+  const cases: Array<[string, (fx: Fixture) => void, RegExp, RegExp]> = [
+    ['no link status', () => undefined, /the link has not reported its state/, /systemctl restart agent-connectors-renew-fetch/],
+    ['a dead link', (fx) => linkStatus(fx, deadPid(), 'polling'), /the link \(pid \d+\) is not running/, /systemctl restart agent-connectors-renew-fetch/],
+    ['Gateway failing', (fx) => linkStatus(fx, process.pid, 'backing_off', { code: 'gateway_unavailable', detail: 'status 503', at: new Date().toISOString() }), /the Gateway is failing the link .*last error gateway_unavailable/, /^journalctl -u agent-connectors-renew-fetch/],
+    ['halted', (fx) => linkStatus(fx, process.pid, 'halted'), /the link is halted: the Gateway refused the host credential/, /^journalctl /],
+    ['polling', (fx) => linkStatus(fx, process.pid, 'polling'), /the link reaches the Gateway, so its audit uploads fail or it runs with --no-audit/, /-g 'audit upload'$/],
+  ];
+  for (const [what, setLink, cause, fix] of cases) {
+    const { fx, credentialPath } = enrolledHost();
+    setLink(fx);
+    spoolEvents(fx, 2, 30 * 60_000);
+    writeOwned(join(fx.audit, 'upload.json'), JSON.stringify({ lastUploadAt: new Date(Date.now() - 45 * 60_000).toISOString(), lastAccepted: 3 }), 0o640, ids.ac, ids.renew);
+    const findings = await runDoctor({ ...common, stateDir: fx.stateDir, handoffDir: fx.handoff, credentialPath });
+    const stale = auditFindings(findings).filter((f) => f.level === 'warn');
+    tt.equal(stale.length, 1, `${what}: one warning (got ${JSON.stringify(auditFindings(findings))})`);
+    tt.equal(stale[0]?.code, 'audit_upload_stale', `${what}: its code`);
+    tt.match(stale[0]?.detail ?? '', /events are not reaching the Gateway: the oldest waits since .* \(30 min ago\); 2 event\(s\) waiting .*last upload accepted .* \(45 min ago\)/, `${what}: ages`);
+    tt.match(stale[0]?.detail ?? '', cause, `${what}: the cause`);
+    tt.match(stale[0]?.fix ?? '', fix, `${what}: the fix`);
+  }
+});
+
+test('an enrolled host: a recent upload, or events younger than the threshold, is no warning; the JSON report carries the code', async (tt) => {
+  const common = { forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
+  const { fx, credentialPath } = enrolledHost();
+  linkStatus(fx, process.pid, 'backing_off', { code: 'network', detail: 'ECONNREFUSED', at: new Date().toISOString() });
+  spoolEvents(fx, 5, 3 * 60_000);
+  const young = await runDoctor({ ...common, stateDir: fx.stateDir, handoffDir: fx.handoff, credentialPath });
+  tt.same(auditFindings(young).filter((f) => f.level !== 'ok'), [], 'events 3 min old: the link may still be retrying');
+
+  spoolEvents(fx, 1, 40 * 60_000);
+  writeOwned(join(fx.audit, 'upload.json'), JSON.stringify({ lastUploadAt: new Date(Date.now() - 60_000).toISOString(), lastAccepted: 500 }), 0o640, ids.ac, ids.renew);
+  const draining = await runDoctor({ ...common, stateDir: fx.stateDir, handoffDir: fx.handoff, credentialPath });
+  tt.same(auditFindings(draining).filter((f) => f.level !== 'ok'), [], 'an old event but an upload a minute ago: a backlog draining');
+
+  rmSync(join(fx.audit, 'upload.json'));
+  const run = await doctor(baseArgs(fx).map((a) => (a === join(fx.base, 'host-credential') ? credentialPath : a)));
+  const warn = run.findings.find((f) => f.check === 'audit' && f.level === 'warn');
+  tt.equal(warn?.code, 'audit_upload_stale', `never uploaded, the oldest 40 min old (got ${JSON.stringify(auditFindings(run.findings))})`);
+  tt.match(warn?.detail ?? '', /no upload accepted yet: the Gateway is failing the link/);
+  tt.match(run.stdout, /"warnings": \[[^\]]*"audit_upload_stale"/, 'in the summary of warnings');
 });
 
 test('doctor never prints a token', async (tt) => {
