@@ -14,6 +14,13 @@ export interface AtomicWriteOptions {
    * the process mid-write and prove nothing partial ever becomes visible.
    */
   midWrite?: () => void;
+  /**
+   * false: skip both fsyncs. The file is still whole or absent to any reader and across a
+   * crash of the process (the rename is atomic); only a power loss or kernel crash within
+   * the kernel's writeback delay can lose it or leave it empty. For records where that is
+   * the better trade than the disk's fsync rate (the audit spool: docs/audit.md).
+   */
+  durable?: boolean;
 }
 
 /**
@@ -48,7 +55,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
     // The umask may have narrowed the mode given to open(); set it exactly.
     await fh.chmod(mode);
     if (options.owner) await fh.chown(options.owner.uid, options.owner.gid);
-    await fh.sync();
+    if (options.durable !== false) await fh.sync();
   } catch (err) {
     await fh.close().catch(() => undefined);
     await unlink(tmp).catch(() => undefined);
@@ -61,7 +68,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
     await unlink(tmp).catch(() => undefined);
     throw err;
   }
-  await fsyncDir(dir);
+  if (options.durable !== false) await fsyncDir(dir);
 }
 
 /**
