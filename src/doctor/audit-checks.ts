@@ -50,7 +50,7 @@ export async function auditChecks(o: AuditCheckOptions, out: Findings): Promise<
   const dir = o.dir;
   const st = await stat(dir).catch(() => undefined);
   if (!st) {
-    out.problem('directory_missing', 'audit', `${dir} is missing: the cli-proxy records no CLI call`, 'systemd-tmpfiles --create /etc/tmpfiles.d/agent-connectors.conf');
+    out.problem('directory_missing', 'audit', `${dir} is missing: the cli-proxy records no CLI call`, 'systemd-tmpfiles --create agent-connectors.conf');
     return;
   }
   const mode = st.mode & 0o7777;

@@ -93,7 +93,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   const service = users.get('agent-connectors');
   const renewGid = groups.get('agent-connectors-renew');
   const sysusersFix = 'systemd-sysusers /etc/sysusers.d/agent-connectors.conf';
-  const tmpfilesFix = 'systemd-tmpfiles --create /etc/tmpfiles.d/agent-connectors.conf';
+  const tmpfilesFix = 'systemd-tmpfiles --create agent-connectors.conf';
 
   // 1. users and groups
   if (service) out.ok('users', `user agent-connectors (uid ${service.uid})`);
