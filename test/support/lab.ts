@@ -215,6 +215,11 @@ async function acquireLabLock(timeoutMs: number): Promise<() => void> {
  */
 export class Lab {
   readonly output: string[] = [];
+  /**
+   * Every script `exec` ran, in order. Each was an argv (`bash -c …`) that any user of the
+   * machine can read in /proc, so the secret searches read these too.
+   */
+  readonly commands: string[] = [];
   readonly exited: Promise<number | null>;
   hostPid = 0;
   private readonly stopFile: string;
@@ -318,6 +323,7 @@ export class Lab {
 
   /** Runs a bash script inside the lab (as root, in systemd's pid/mount/cgroup/uts namespaces). */
   async exec(script: string, timeoutMs = 30_000): Promise<RunResult> {
+    this.commands.push(script);
     return run('nsenter', ['-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--', '/bin/bash', '-c', script], { timeoutMs, cwd: '/' });
   }
 
