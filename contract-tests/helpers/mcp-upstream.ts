@@ -1,10 +1,9 @@
 import { randomUUID } from 'node:crypto';
-import { once } from 'node:events';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { z } from 'zod';
+import { LoopbackServer } from '../../test/support/loopback-server.js';
 
 /** What a token check decided: accepted, or refused and why (never the token itself). */
 export type TokenVerdict = { ok: true; tokenId?: string } | { ok: false; problem: string };
@@ -63,25 +62,26 @@ export class McpUpstream {
   readonly seen: McpSeen[] = [];
   readonly sessions = new Map<string, StreamableHTTPServerTransport>();
   private readonly servers: McpServer[] = [];
-  private readonly http: Server;
-  port = 0;
+  private readonly http: LoopbackServer;
 
   private constructor(private readonly options: McpUpstreamOptions) {
-    this.http = createServer((req, res) => {
+    this.http = new LoopbackServer((req, res) => {
       this.onRequest(req, res).catch(() => res.destroy());
     });
   }
 
   static async start(options: McpUpstreamOptions): Promise<McpUpstream> {
     const up = new McpUpstream(options);
-    up.http.listen(0, '127.0.0.1');
-    await once(up.http, 'listening');
-    up.port = (up.http.address() as AddressInfo).port;
+    await up.http.listen();
     return up;
   }
 
+  get port(): number {
+    return this.http.port;
+  }
+
   url(path = '/mcp'): string {
-    return `http://127.0.0.1:${this.port}${path}`;
+    return this.http.url(path);
   }
 
   private newSession(): StreamableHTTPServerTransport {
@@ -178,7 +178,6 @@ export class McpUpstream {
 
   async close(): Promise<void> {
     await Promise.all(this.servers.map((s) => s.close().catch(() => undefined)));
-    this.http.closeAllConnections();
-    await new Promise<void>((r) => this.http.close(() => r()));
+    await this.http.close();
   }
 }

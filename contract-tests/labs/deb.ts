@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -169,10 +169,16 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     await l.sh(`umask 077 && printf '%s\\n' '${catalog}' > ${STATE}/cli-proxy/providers.json && chown agent-connectors:agent-connectors ${STATE}/cli-proxy/providers.json`);
     tt.match(await l.sh('agent-connectors shims install'), new RegExp(`shims in ${SHIMS}: ${COMMAND}`), `the shim is rendered into ${SHIMS}`);
     // After bind: with a host credential in place, bind and unbind take the host for an enrolled one.
+    // The credential goes through a 0600 file the lab sees (its WORK directory), never
+    // through a command line (release/lab-target.ts does the same).
+    const credentialFile = join(work, 'host-credential');
+    writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
     await l.sh(
-      `umask 077 && printf '%s\\n' '${credential}' > ${ETC}/host-credential && umask 022 && ` +
+      `install -m 600 ${credentialFile} ${ETC}/host-credential && rm -f ${credentialFile} && ` +
         `printf 'AGENT_CONNECTORS_GATEWAY_URL=%s\\n' '${gw.url}' > ${ETC}/renew-fetch.env`,
     );
+    tt.notOk(existsSync(credentialFile), 'the hand-over file is gone');
+    tt.equal((await l.sh(`stat -c '%a %U' ${ETC}/host-credential`)).trim(), '600 root', 'the credential: 0600 root');
     await l.sh(`systemctl enable --now ${TARGET} 2>&1`);
     for (const unit of SERVICES) {
       const p = await l.waitShow(unit, ['ActiveState', 'SubState'], (s) => s.ActiveState === 'active' || s.ActiveState === 'failed');
@@ -261,8 +267,8 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     tt.same(await states(), Object.fromEntries(SERVICES.map((u) => [u, 'inactive'])), 'nothing of ours runs');
   });
 
-  await step('no token and no credential in the journal, the console or dpkg\'s output', async (tt) => {
-    const all = (await l.sh('journalctl --no-pager -o cat')) + l.consoleLog() + dpkgOutput.join('\n');
+  await step('no token and no credential in the journal, the console, dpkg\'s output or any command line run in the lab', async (tt) => {
+    const all = [await l.sh('journalctl --no-pager -o cat'), l.consoleLog(), ...dpkgOutput, ...l.output, ...l.commands].join('\n');
     tt.ok(minted.length >= 2, `${minted.length} tokens were minted`);
     tt.same([credential, ...minted].filter((x) => all.includes(x)).map((x) => `${x.slice(0, 6)}…`), [], 'none appears');
   });

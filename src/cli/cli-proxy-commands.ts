@@ -16,9 +16,8 @@ import { createHttpMetrics } from '../metrics/http-metrics.js';
 import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { addServerOptions, layoutFrom, loggerFrom, parseOption, positiveInt, serverOptions } from './options.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
+import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN } from './defaults.js';
 
-export const DEFAULT_CLI_PROXY_LISTEN = '127.0.0.1:14324';
-export const DEFAULT_CLI_BODY_LIMIT = 64 * 1024 * 1024;
 
 export function defaultShimDir(stateDir: string): string {
   return process.getuid?.() === 0 ? SYSTEM_SHIM_DIR : stateLayout(stateDir).shims;

@@ -1,11 +1,8 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
-import { diagnose } from '../doctor/doctor.js';
-import { doctorReport } from '../doctor/report.js';
 import { DEFAULT_CREDENTIAL_PATH } from '../link/enroll.js';
 import { version } from '../version.js';
-import { DEFAULT_FORWARDER_LISTEN } from './forwarder-commands.js';
-import { DEFAULT_CLI_PROXY_LISTEN } from './cli-proxy-commands.js';
+import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { layoutFrom } from './options.js';
 
 /** Where doctor and status look: the state root, the two parts' URLs, the credential. */
@@ -28,6 +25,8 @@ export function registerDoctorCommand(program: Command): void {
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
     .option('--json', 'print one JSON document (format agent-connectors.doctor/1: checks, codes, summary)')
     .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
+      // Loaded when doctor runs: `status` shares these options and needs none of the checks.
+      const [{ diagnose }, { doctorReport }] = await Promise.all([import('../doctor/doctor.js'), import('../doctor/report.js')]);
       const layout = layoutFrom(opts);
       const now = Date.now();
       const { findings, link } = await diagnose({

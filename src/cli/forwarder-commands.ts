@@ -18,11 +18,10 @@ import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
 import { createHttpMetrics } from '../metrics/http-metrics.js';
 import { addMetricsOption, metricsFrom } from './metrics-options.js';
+import { DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { addServerOptions, layoutFrom, loggerFrom, parseOption, serverOptions } from './options.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
-
-export const DEFAULT_FORWARDER_LISTEN = '127.0.0.1:14323';
 
 interface StateOpts {
   stateDir?: string;

@@ -1,6 +1,5 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
-import { hostStatus, statusText } from '../doctor/status.js';
 import { version } from '../version.js';
 import { addHostOptions } from './doctor-command.js';
 import { layoutFrom } from './options.js';
@@ -14,6 +13,8 @@ export function registerStatusCommand(program: Command): void {
     .option('--no-systemd', 'do not ask systemd about the link and apply')
     .option('--json', 'print one JSON document (format agent-connectors.status/1)')
     .action(async (opts: { stateDir?: string; handoff?: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
+      // Loaded when status runs, not for its --help.
+      const { hostStatus, statusText } = await import('../doctor/status.js');
       const layout = layoutFrom(opts);
       const now = Date.now();
       const status = await hostStatus({

@@ -1,11 +1,12 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, openSync, readFileSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, openSync, readFileSync, unlinkSync, watch, writeFileSync, writeSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { execa } from 'execa';
 import { processAlive } from '../../src/fs/process-alive.js';
 import { REPO_ROOT } from './cli-proc.js';
+import { Wakeups } from './wakeups.js';
 
 /**
  * The project's systemd lab (`test/tools/systemd-lab.sh`, see docs/testing.md): a
@@ -215,9 +216,16 @@ async function acquireLabLock(timeoutMs: number): Promise<() => void> {
  */
 export class Lab {
   readonly output: string[] = [];
+  /**
+   * Every script `exec` ran, in order. Each was an argv (`bash -c …`) that any user of the
+   * machine can read in /proc, so the secret searches read these too.
+   */
+  readonly commands: string[] = [];
   readonly exited: Promise<number | null>;
   hostPid = 0;
   private readonly stopFile: string;
+  /** Woken by each line of the lab script's output and by its exit. */
+  private readonly lines = new Wakeups();
 
   private constructor(
     readonly opts: LabOptions,
@@ -225,12 +233,16 @@ export class Lab {
     releaseLock: () => void,
   ) {
     this.stopFile = join(opts.work, 'lab-stop');
-    const collect = (line: string): void => void this.output.push(line);
+    const collect = (line: string): void => {
+      this.output.push(line);
+      this.lines.wake();
+    };
     createInterface({ input: child.stdout! }).on('line', collect);
     createInterface({ input: child.stderr! }).on('line', collect);
     this.exited = new Promise((r) =>
       child.once('exit', (code) => {
         releaseLock();
+        this.lines.wake();
         r(code);
       }),
     );
@@ -256,11 +268,19 @@ export class Lab {
    */
   async waitConsole(from: number, pattern: RegExp, timeoutMs = 5000): Promise<{ ok: boolean; text: string }> {
     const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const text = this.consoleLog().slice(from).replace(/\r/g, '');
-      if (pattern.test(text)) return { ok: true, text };
-      if (Date.now() > deadline) return { ok: false, text };
-      await sleep(100);
+    const changed = new Wakeups();
+    // inotify on the file: each write wakes the check. The one-second re-check is only a
+    // backstop should the file be replaced under the watch.
+    const watcher = watch(this.consoleLogPath, () => changed.wake());
+    try {
+      for (;;) {
+        const text = this.consoleLog().slice(from).replace(/\r/g, '');
+        if (pattern.test(text)) return { ok: true, text };
+        if (Date.now() > deadline) return { ok: false, text };
+        await changed.next(Math.min(deadline, Date.now() + 1000));
+      }
+    } finally {
+      watcher.close();
     }
   }
 
@@ -300,6 +320,7 @@ export class Lab {
     const lab = new Lab(opts, child, releaseLock);
     const deadline = Date.now() + 40_000;
     for (;;) {
+      // Checked, then waited on, in one synchronous run: no line can slip in between.
       const line = lab.output.find((l) => l.startsWith('# systemd-lab host-pid='));
       const m = line ? /host-pid=(\d+) state=(\S*)/.exec(line) : null;
       if (m) {
@@ -312,12 +333,13 @@ export class Lab {
         child.kill('SIGTERM');
         throw new Error(`the lab did not boot (exit ${child.exitCode}):\n${lab.output.join('\n')}\n${lab.consoleLog().slice(-4000)}`);
       }
-      await sleep(50);
+      await lab.lines.next(deadline);
     }
   }
 
   /** Runs a bash script inside the lab (as root, in systemd's pid/mount/cgroup/uts namespaces). */
   async exec(script: string, timeoutMs = 30_000): Promise<RunResult> {
+    this.commands.push(script);
     return run('nsenter', ['-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--', '/bin/bash', '-c', script], { timeoutMs, cwd: '/' });
   }
 
@@ -332,14 +354,20 @@ export class Lab {
     return parseShow(await this.sh(`systemctl show -p ${props.join(',')} ${unit}`));
   }
 
-  /** Polls `systemctl show` until `pred` holds; returns the last properties seen. */
+  /**
+   * Polls `systemctl show` until `pred` holds; returns the last properties seen. A poll,
+   * not an event: systemd announces property changes only on D-Bus, which the lab does not
+   * expose to the host. Each probe is two processes (nsenter, systemctl), so the gap grows
+   * from 50 ms by half each time up to 1 s: a quick change is seen at once, a slow one
+   * (a restart under load) costs a probe a second, not ten.
+   */
   async waitShow(unit: string, props: readonly string[], pred: (p: Record<string, string>) => boolean, timeoutMs = 20_000): Promise<Record<string, string>> {
     const deadline = Date.now() + timeoutMs;
-    for (;;) {
+    for (let gap = 50; ; gap = Math.min(1000, gap * 1.5)) {
       const p = await this.show(unit, props);
       if (pred(p)) return p;
       if (Date.now() > deadline) throw new Error(`timed out waiting on ${unit}: last ${JSON.stringify(p)}`);
-      await sleep(100);
+      await sleep(Math.min(gap, Math.max(0, deadline - Date.now())));
     }
   }
 
@@ -349,14 +377,36 @@ export class Lab {
     return r.stdout;
   }
 
-  /** Polls the journal of `unit` until a line satisfies `pred`. */
+  /**
+   * Follows the journal of `unit` (every line so far, then each as journald stores it)
+   * until a line satisfies `pred`. `timeout` inside the lab bounds journalctl itself: once
+   * we stop reading, it would otherwise live until its next write hit the closed pipe.
+   */
   async waitJournal(unit: string, pred: (line: string) => boolean, timeoutMs = 20_000): Promise<string> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const hit = (await this.journal(unit)).split('\n').find(pred);
-      if (hit !== undefined) return hit;
-      if (Date.now() > deadline) throw new Error(`timed out waiting for a journal line of ${unit}`);
-      await sleep(150);
+    const [file, args] = cleanCommand('nsenter', [
+      '-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--',
+      'timeout', String(Math.ceil(timeoutMs / 1000) + 5), 'journalctl', '--no-pager', '-o', 'cat', '--lines=all', '--follow', '-u', unit,
+    ]);
+    const child = spawn(file, args, { env: {}, stdio: ['ignore', 'pipe', 'ignore'], cwd: '/' });
+    const follow = createInterface({ input: child.stdout });
+    try {
+      return await new Promise<string>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`timed out waiting for a journal line of ${unit}`)), timeoutMs);
+        follow.on('line', (line) => {
+          if (!pred(line)) return;
+          clearTimeout(timer);
+          resolve(line);
+        });
+        // 'close', not the child's 'exit': every line already read is seen before giving up.
+        follow.once('close', () => {
+          clearTimeout(timer);
+          reject(new Error(`journalctl --follow -u ${unit} ended (exit ${String(child.exitCode)}) before a matching line`));
+        });
+      });
+    } finally {
+      follow.close();
+      child.stdout.destroy();
+      child.kill('SIGTERM');
     }
   }
 

@@ -1,6 +1,5 @@
-import { once } from 'node:events';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { LoopbackServer } from './loopback-server.js';
 import { Wakeups } from './wakeups.js';
 
 /** One request as the Gateway saw it. */
@@ -25,29 +24,25 @@ export type GatewayHandler = (req: SeenRequest, res: ServerResponse) => void | P
 export class MockGateway {
   readonly requests: SeenRequest[] = [];
   private handler: GatewayHandler = (_req, res) => json(res, 200, { jsonrpc: '2.0', id: 1, result: {} });
-  private server: Server;
-  private sockets = new Set<Socket>();
+  private readonly server: LoopbackServer;
   private readonly arrivals = new Wakeups();
-  port = 0;
 
   constructor() {
-    this.server = createServer((req, res) => void this.onRequest(req, res));
-    this.server.on('connection', (s) => {
-      this.sockets.add(s);
-      s.on('close', () => this.sockets.delete(s));
-    });
+    this.server = new LoopbackServer((req, res) => void this.onRequest(req, res));
   }
 
   static async start(): Promise<MockGateway> {
     const gw = new MockGateway();
-    gw.server.listen(0, '127.0.0.1');
-    await once(gw.server, 'listening');
-    gw.port = (gw.server.address() as AddressInfo).port;
+    await gw.server.listen();
     return gw;
   }
 
+  get port(): number {
+    return this.server.port;
+  }
+
   url(path = '/mcp'): string {
-    return `http://127.0.0.1:${this.port}${path}`;
+    return this.server.url(path);
   }
 
   handle(fn: GatewayHandler): void {
@@ -91,8 +86,7 @@ export class MockGateway {
   }
 
   async close(): Promise<void> {
-    for (const s of this.sockets) s.destroy();
-    await new Promise<void>((r) => this.server.close(() => r()));
+    await this.server.close();
   }
 }
 

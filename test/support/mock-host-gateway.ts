@@ -1,11 +1,10 @@
-import { once } from 'node:events';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { RenewAuthority, type RenewAuthorityOptions } from '../../src/gateway-standin/authority.js';
 import { handleRenewHttp } from '../../src/gateway-standin/gateway-http.js';
 import { HostControl, type LinkResult } from '../../src/gateway-standin/host-control.js';
 import type { AuditUpload } from '../../src/data/audit-event.js';
 import { answerStatePoll, parseHostHttp, sendLinkResult, type HostEndpoint } from '../../src/gateway-standin/host-http.js';
+import { LoopbackServer } from './loopback-server.js';
 
 /**
  * The cloud Gateway's host link (SPEC §8) for tests: a real `HostControl` (one-time codes,
@@ -109,9 +108,7 @@ export class MockHostGateway {
   readonly faultsFired: Partial<Record<HostFaultKind, number>> = {};
   /** Every schema-valid audit upload body, as received (the secret-grep test reads them). */
   readonly auditBodies: AuditUpload[] = [];
-  port = 0;
-  private readonly server: Server;
-  private readonly sockets = new Set<Socket>();
+  private readonly server: LoopbackServer;
   private readonly faults: QueuedFault[] = [];
   private waiters: Array<() => void> = [];
 
@@ -127,23 +124,21 @@ export class MockHostGateway {
       ...(options.longPollMs === undefined ? {} : { longPollMs: options.longPollMs }),
       ...(options.staticHosts ? { staticHosts: options.staticHosts } : {}),
     });
-    this.server = createServer((req, res) => void this.onRequest(req, res));
-    this.server.on('connection', (s) => {
-      this.sockets.add(s);
-      s.on('close', () => this.sockets.delete(s));
-    });
+    this.server = new LoopbackServer((req, res) => void this.onRequest(req, res));
   }
 
   static async start(options: MockHostGatewayOptions = {}): Promise<MockHostGateway> {
     const gw = new MockHostGateway(options);
-    gw.server.listen(0, '127.0.0.1');
-    await once(gw.server, 'listening');
-    gw.port = (gw.server.address() as AddressInfo).port;
+    await gw.server.listen();
     return gw;
   }
 
+  get port(): number {
+    return this.server.port;
+  }
+
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return this.server.url();
   }
 
   inject(fault: HostFault, options: { endpoint?: HostEndpoint; times?: number } = {}): void {
@@ -297,7 +292,6 @@ export class MockHostGateway {
 
   async close(): Promise<void> {
     this.control.close();
-    for (const s of this.sockets) s.destroy();
-    await new Promise<void>((r) => this.server.close(() => r()));
+    await this.server.close();
   }
 }

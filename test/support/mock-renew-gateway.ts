@@ -1,9 +1,8 @@
-import { once } from 'node:events';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/gateway-standin/authority.js';
 import { parseRenewHttp, sendRenewResult } from '../../src/gateway-standin/gateway-http.js';
 import { Wakeups } from './wakeups.js';
+import { LoopbackServer } from './loopback-server.js';
 
 /**
  * The cloud Gateway's renewal endpoint for tests (not our code, so a mock is fair, but a
@@ -85,9 +84,7 @@ export class MockRenewGateway {
   readonly requests: RenewRecord[] = [];
   /** Faults injected so far, per kind (for the closing figures). */
   readonly faultsFired: Partial<Record<FaultKind, number>> = {};
-  port = 0;
-  private readonly server: Server;
-  private readonly sockets = new Set<Socket>();
+  private readonly server: LoopbackServer;
   private readonly timers = new Set<NodeJS.Timeout>();
   private readonly faults: QueuedFault[] = [];
   private readonly arrivals = new Wakeups();
@@ -98,24 +95,22 @@ export class MockRenewGateway {
       credential: options.credential ?? DEFAULT_TEST_CREDENTIAL,
       tokenLifetimeMs: options.tokenLifetimeMs ?? 60_000,
     });
-    this.server = createServer((req, res) => void this.onRequest(req, res));
-    this.server.on('connection', (s) => {
-      this.sockets.add(s);
-      s.on('close', () => this.sockets.delete(s));
-    });
+    this.server = new LoopbackServer((req, res) => void this.onRequest(req, res));
   }
 
   static async start(options: MockRenewGatewayOptions = {}): Promise<MockRenewGateway> {
     const gw = new MockRenewGateway(options);
-    gw.server.listen(0, '127.0.0.1');
-    await once(gw.server, 'listening');
-    gw.port = (gw.server.address() as AddressInfo).port;
+    await gw.server.listen();
     return gw;
   }
 
   /** The Gateway base URL (what fetch is given as gatewayUrl). */
+  get port(): number {
+    return this.server.port;
+  }
+
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return this.server.url();
   }
 
   /** Queues a one-shot fault, optionally only for one slot, `times` times. */
@@ -290,7 +285,6 @@ export class MockRenewGateway {
   async close(): Promise<void> {
     for (const t of this.timers) clearTimeout(t);
     this.timers.clear();
-    for (const s of this.sockets) s.destroy();
-    await new Promise<void>((r) => this.server.close(() => r()));
+    await this.server.close();
   }
 }
