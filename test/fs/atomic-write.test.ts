@@ -2,7 +2,7 @@ import { lstatSync, mkdirSync, readFileSync, readdirSync, statSync, symlinkSync,
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import t from 'tap';
-import { atomicWrite } from '../../src/fs/atomic-write.js';
+import { atomicWrite, atomicWriteSync } from '../../src/fs/atomic-write.js';
 import { tempDir } from '../support/temp-dir.js';
 
 const dir = (): string => tempDir('ac-atomic-', t);
@@ -20,25 +20,6 @@ async function withUmask<T>(mask: number, fn: () => Promise<T>): Promise<T> {
   }
 }
 
-t.test('writes the content with the given mode, whatever the umask', async (t) => {
-  const d = dir();
-  for (const umask of [0o022, 0o077, 0o000]) {
-    for (const mode of [0o600, 0o640, 0o644, 0o660]) {
-      const f = join(d, `f-${umask.toString(8)}-${mode.toString(8)}.json`);
-      await withUmask(umask, () => atomicWrite(f, `content ${mode}`, { mode }));
-      t.equal(readFileSync(f, 'utf8'), `content ${mode}`);
-      t.equal(modeOf(f), mode, `umask ${umask.toString(8)} mode ${mode.toString(8)}`);
-    }
-  }
-});
-
-t.test('defaults to 0600', async (t) => {
-  const d = dir();
-  const f = join(d, 'default.json');
-  await withUmask(0o000, () => atomicWrite(f, 'x'));
-  t.equal(modeOf(f), 0o600);
-});
-
 t.test('binary data is written byte for byte', async (t) => {
   const d = dir();
   const f = join(d, 'bin');
@@ -47,56 +28,95 @@ t.test('binary data is written byte for byte', async (t) => {
   t.ok(readFileSync(f).equals(Buffer.from(data)));
 });
 
-t.test('replaces an existing file (new inode, new mode), leaves no temp files', async (t) => {
-  const d = dir();
-  const f = join(d, 'instances.json');
-  writeFileSync(f, 'old content that is longer than the new one', { mode: 0o644 });
-  const before = statSync(f).ino;
-  await atomicWrite(f, 'new', { mode: 0o600 });
-  t.equal(readFileSync(f, 'utf8'), 'new');
-  t.equal(modeOf(f), 0o600);
-  t.not(statSync(f).ino, before, 'replaced by rename, not rewritten in place');
-  for (let i = 0; i < 20; i++) await atomicWrite(f, `v${i}`);
-  t.equal(readFileSync(f, 'utf8'), 'v19');
-  t.strictSame(readdirSync(d), ['instances.json'], 'no temp files left behind');
-});
+/** Both writers keep the same promises to a reader; only durability and blocking differ. */
+const WRITERS: Array<[string, (path: string, data: string, options?: { mode?: number }) => Promise<void>]> = [
+  ['atomicWrite', atomicWrite],
+  ['atomicWriteSync', async (path, data, options) => atomicWriteSync(path, data, options)],
+];
 
-t.test('refuses a symlink at the target; the link and its target stay untouched', async (t) => {
-  const d = dir();
-  const real = join(d, 'real.token');
-  const link = join(d, 'link.token');
-  writeFileSync(real, 'original', { mode: 0o600 });
-  symlinkSync(real, link);
-  await t.rejects(atomicWrite(link, 'replaced'));
-  t.ok(lstatSync(link).isSymbolicLink(), 'the link is still a link');
-  t.equal(readFileSync(real, 'utf8'), 'original', 'the link target is untouched');
-  t.strictSame(readdirSync(d).sort(), ['link.token', 'real.token'], 'no temp files left behind');
-});
+for (const [name, write] of WRITERS) {
+  t.test(`writes the content with the given mode, whatever the umask (${name})`, async (t) => {
+    const d = dir();
+    for (const umask of [0o022, 0o077, 0o000]) {
+      for (const mode of [0o600, 0o640, 0o644, 0o660]) {
+        const f = join(d, `f-${umask.toString(8)}-${mode.toString(8)}.json`);
+        await withUmask(umask, () => write(f, `content ${mode}`, { mode }));
+        t.equal(readFileSync(f, 'utf8'), `content ${mode}`);
+        t.equal(modeOf(f), mode, `umask ${umask.toString(8)} mode ${mode.toString(8)}`);
+      }
+    }
+  });
 
-t.test('refuses a dangling symlink at the target (does not create its target)', async (t) => {
-  const d = dir();
-  const link = join(d, 'dangling');
-  symlinkSync(join(d, 'would-be-created'), link);
-  await t.rejects(atomicWrite(link, 'x'));
-  t.ok(lstatSync(link).isSymbolicLink());
-  t.strictSame(readdirSync(d), ['dangling']);
-});
+  t.test(`defaults to 0600 (${name})`, async (t) => {
+    const d = dir();
+    const f = join(d, 'default.json');
+    await withUmask(0o000, () => write(f, 'x'));
+    t.equal(modeOf(f), 0o600);
+  });
 
-t.test('refuses a directory at the target', async (t) => {
-  const d = dir();
-  const target = join(d, 'a-dir');
-  mkdirSync(target);
-  writeFileSync(join(target, 'inside'), 'keep');
-  await t.rejects(atomicWrite(target, 'x'));
-  t.ok(statSync(target).isDirectory());
-  t.equal(readFileSync(join(target, 'inside'), 'utf8'), 'keep');
-  t.strictSame(readdirSync(d), ['a-dir']);
-});
+  t.test(`replaces an existing file (new inode, new mode), leaves no temp files (${name})`, async (t) => {
+    const d = dir();
+    const f = join(d, 'instances.json');
+    writeFileSync(f, 'old content that is longer than the new one', { mode: 0o644 });
+    const before = statSync(f).ino;
+    await write(f, 'new', { mode: 0o600 });
+    t.equal(readFileSync(f, 'utf8'), 'new');
+    t.equal(modeOf(f), 0o600);
+    t.not(statSync(f).ino, before, 'replaced by rename, not rewritten in place');
+    for (let i = 0; i < 20; i++) await write(f, `v${i}`);
+    t.equal(readFileSync(f, 'utf8'), 'v19');
+    t.strictSame(readdirSync(d), ['instances.json'], 'no temp files left behind');
+  });
 
-t.test('fails cleanly when the directory does not exist', async (t) => {
+  t.test(`refuses a symlink at the target; the link and its target stay untouched (${name})`, async (t) => {
+    const d = dir();
+    const real = join(d, 'real.token');
+    const link = join(d, 'link.token');
+    writeFileSync(real, 'original', { mode: 0o600 });
+    symlinkSync(real, link);
+    await t.rejects(write(link, 'replaced'));
+    t.ok(lstatSync(link).isSymbolicLink(), 'the link is still a link');
+    t.equal(readFileSync(real, 'utf8'), 'original', 'the link target is untouched');
+    t.strictSame(readdirSync(d).sort(), ['link.token', 'real.token'], 'no temp files left behind');
+  });
+
+  t.test(`refuses a dangling symlink at the target (does not create its target) (${name})`, async (t) => {
+    const d = dir();
+    const link = join(d, 'dangling');
+    symlinkSync(join(d, 'would-be-created'), link);
+    await t.rejects(write(link, 'x'));
+    t.ok(lstatSync(link).isSymbolicLink());
+    t.strictSame(readdirSync(d), ['dangling']);
+  });
+
+  t.test(`refuses a directory at the target (${name})`, async (t) => {
+    const d = dir();
+    const target = join(d, 'a-dir');
+    mkdirSync(target);
+    writeFileSync(join(target, 'inside'), 'keep');
+    await t.rejects(write(target, 'x'));
+    t.ok(statSync(target).isDirectory());
+    t.equal(readFileSync(join(target, 'inside'), 'utf8'), 'keep');
+    t.strictSame(readdirSync(d), ['a-dir']);
+  });
+
+  t.test(`fails cleanly when the directory does not exist (${name})`, async (t) => {
+    const d = dir();
+    await t.rejects(write(join(d, 'missing', 'f'), 'x'));
+    t.strictSame(readdirSync(d), []);
+  });
+}
+
+t.test('atomicWriteSync: halfway through, only a temp file holds the data; it becomes the file whole', async (t) => {
   const d = dir();
-  await t.rejects(atomicWrite(join(d, 'missing', 'f'), 'x'));
-  t.strictSame(readdirSync(d), []);
+  const f = join(d, 'event.json');
+  const seen: string[][] = [];
+  atomicWriteSync(f, 'A'.repeat(64), { mode: 0o640, midWrite: () => seen.push(readdirSync(d)) });
+  t.equal(seen.length, 1, 'the hook ran once');
+  t.notOk(seen[0]?.includes('event.json'), 'the target did not exist mid-write');
+  t.match(seen[0]?.[0] ?? '', /^\.event\.json\.\d+\.[0-9a-f]{12}\.tmp$/, "a temp file named like atomicWrite's (so sweepStaleTemps finds it)");
+  t.equal(readFileSync(f, 'utf8'), 'A'.repeat(64));
+  t.strictSame(readdirSync(d), ['event.json']);
 });
 
 // A reader thread reads the file in a tight loop and classifies every read.
