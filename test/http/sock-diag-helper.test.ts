@@ -2,6 +2,7 @@ import { once } from 'node:events';
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import t from 'tap';
 import { SockDiagHelper, type OverloadEvent } from '../../src/http/sock-diag-helper.js';
+import type { TapTest } from '../support/tap.js';
 
 /*
  * The helper's queue is bounded: a helper that stops answering (here: really stopped, with
@@ -33,16 +34,22 @@ async function loopback(): Promise<() => Promise<Tuple>> {
   };
 }
 
-t.test('a stopped helper: questions past the cap are refused at once, one episode reported; the held ones are answered once it runs again', async (t) => {
-  const CAP = 16;
+/** A helper with the given cap that has answered once (so its process runs), and a loopback to ask about. */
+async function runningHelper(t: TapTest, cap: number): Promise<{ events: OverloadEvent[]; helper: SockDiagHelper; accept: () => Promise<Tuple>; own: number | undefined; pid: number }> {
   const events: OverloadEvent[] = [];
-  const helper = new SockDiagHelper({ maxOutstanding: CAP, onOverload: (e) => events.push(e) });
+  const helper = new SockDiagHelper({ maxOutstanding: cap, onOverload: (e) => events.push(e) });
   t.teardown(() => helper.close());
   const accept = await loopback();
   const own = process.getuid?.();
   t.equal(await helper.lookup(...(await accept())), own, 'the helper answers');
   const pid = helper.pid;
   if (pid === undefined) throw new Error('no helper pid');
+  return { events, helper, accept, own, pid };
+}
+
+t.test('a stopped helper: questions past the cap are refused at once, one episode reported; the held ones are answered once it runs again', async (t) => {
+  const CAP = 16;
+  const { events, helper, accept, own, pid } = await runningHelper(t, CAP);
   process.kill(pid, 'SIGSTOP');
   t.teardown(() => {
     try {
@@ -70,14 +77,7 @@ t.test('a stopped helper: questions past the cap are refused at once, one episod
 
 t.test('a helper killed while questions are queued: they are refused, the episode ends, the next question starts a new helper', async (t) => {
   const CAP = 4;
-  const events: OverloadEvent[] = [];
-  const helper = new SockDiagHelper({ maxOutstanding: CAP, onOverload: (e) => events.push(e) });
-  t.teardown(() => helper.close());
-  const accept = await loopback();
-  const own = process.getuid?.();
-  t.equal(await helper.lookup(...(await accept())), own);
-  const pid = helper.pid;
-  if (pid === undefined) throw new Error('no helper pid');
+  const { events, helper, accept, own, pid } = await runningHelper(t, CAP);
   process.kill(pid, 'SIGSTOP');
   const tuples: Tuple[] = [];
   for (let i = 0; i < CAP + 2; i++) tuples.push(await accept());
