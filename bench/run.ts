@@ -12,6 +12,7 @@ import { runPeerCheck } from './peer-check.js';
 import { runLink } from './link.js';
 import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
+import { runRenewBurst } from './renew-burst.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -19,6 +20,7 @@ async function main(): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return 0;
   }
+  if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {

@@ -1,4 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
+import { EventEmitter, once } from 'node:events';
+import { readdirSync, readFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { checkNoLeaks, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
@@ -210,6 +213,79 @@ test('forwarder: the refusal is logged once per refused connection, not per requ
   await until(() => count(fwd, isRefusal, mark) >= 1 && count(fwd, isAccess, mark) >= 1, 'the refusal logged');
   await new Promise((r) => setTimeout(r, 200));
   t.equal(count(fwd, isRefusal, mark), 1, 'one connection → exactly one refusal line, however many requests');
+  t.equal(gw.requests.length, 0, 'the upstream was never called');
+});
+
+/** The forwarder's sock_diag helper: its `perl` child (a process this test started, through the forwarder). */
+function helperPidOf(parent: number): number {
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    const stat = (() => {
+      try {
+        return readFileSync(`/proc/${name}/stat`, 'latin1');
+      } catch {
+        return '';
+      }
+    })();
+    // pid (comm) state ppid …: comm may hold spaces, so split after its closing paren.
+    const m = /^\d+ \((.*)\) \S+ (\d+)/.exec(stat);
+    if (m?.[1] === 'perl' && Number(m[2]) === parent) return Number(name);
+  }
+  throw new Error(`no perl child of ${parent}`);
+}
+
+/** One connection sending `text`, resolved with all it received once the server closed it. */
+function oneShot(port: number, text: string): Promise<string> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    const s = connect(port, '127.0.0.1');
+    s.on('connect', () => s.write(text));
+    s.on('data', (d: Buffer) => chunks.push(d));
+    s.on('error', () => undefined);
+    s.on('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+  });
+}
+
+test('forwarder: a stopped peer-check helper and a flood of connections: past 1024 queued questions, connections are refused at once (403), logged once', async (t) => {
+  const gw = await gateway(t);
+  const fwd = await forwarder(t, gw, '0', 'tok-allowed-uids-fwd-K1');
+  const pid = helperPidOf(fwd.child.pid ?? -1);
+  process.kill(pid, 'SIGSTOP');
+  t.teardown(() => {
+    try {
+      process.kill(pid, 'SIGCONT');
+    } catch {
+      // gone with the forwarder
+    }
+  });
+  const CAP = 1024;
+  const EXTRA = 48;
+  const health = httpRequest('GET', '/healthz', fwd.port, '', true);
+  const mark = fwd.logs.length;
+  let answered = 0;
+  const arrivals = new EventEmitter();
+  const all = Array.from({ length: CAP + EXTRA }, () =>
+    oneShot(fwd.port, health).then((text) => {
+      answered += 1;
+      arrivals.emit('answer');
+      return text;
+    }),
+  );
+  // While the helper cannot run, only the cap can answer: exactly the connections past it.
+  while (answered < EXTRA) await once(arrivals, 'answer');
+  const overloaded = await fwd.waitForLog((l) => typeof l.msg === 'string' && l.msg.startsWith('peer check overloaded'), 10_000, mark);
+  t.equal(overloaded.level, 'warn');
+  t.equal(overloaded.outstanding, CAP);
+  process.kill(pid, 'SIGCONT');
+  const texts = await Promise.all(all);
+  const statuses = texts.map((x) => /^HTTP\/1\.1 (\d{3})/.exec(x)?.[1] ?? 'none');
+  t.equal(statuses.filter((x) => x === '403').length, EXTRA, `${EXTRA} refused at the cap`);
+  t.ok(texts.filter((x) => x.startsWith('HTTP/1.1 403')).every((x) => x.includes('"forbidden_peer"')), 'each a 403 forbidden_peer');
+  t.equal(statuses.filter((x) => x === '200').length, CAP, 'the queued ones are checked and served once the helper runs again');
+  const recovered = await fwd.waitForLog((l) => l.msg === 'peer check caught up; connections are checked again', 10_000, mark);
+  t.equal(recovered.refused, EXTRA);
+  t.equal(count(fwd, (l) => typeof l.msg === 'string' && l.msg.startsWith('peer check overloaded'), mark), 1, 'the episode warned once');
+  t.equal(count(fwd, isRefusal, mark), 0, 'no per-connection refusal line for the overload refusals');
   t.equal(gw.requests.length, 0, 'the upstream was never called');
 });
 

@@ -1,10 +1,10 @@
-import { renameSync } from 'node:fs';
+import { renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { request } from 'undici';
 import { checkNoLeaks, writeToken } from '../test/support/cli-proc.js';
 import { json, MockGateway } from '../test/support/mock-gateway.js';
-import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
+import { loadConfig, startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { assertJsonError } from './helpers/http-raw.js';
@@ -21,6 +21,7 @@ interface Rig {
   base: string;
   mint: (token: string) => void;
   apply: () => void;
+  tokenFile: string;
 }
 
 async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
@@ -47,6 +48,7 @@ async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
       writeToken(`${tokenFile}.new`, accepted);
       renameSync(`${tokenFile}.new`, tokenFile);
     },
+    tokenFile,
   };
 }
 
@@ -94,5 +96,32 @@ t.test('a 401 with no rotation is relayed to the CLI as the SaaS sent it, after 
   t.equal(res.statusCode, 401);
   t.same(await res.body.json(), { message: 'Bad credentials' });
   t.equal(res.headers['www-authenticate'], 'Bearer');
+  t.equal(r.saas.requests.length, 1);
+});
+
+// Ten minutes: a request that answers at all was ended by the disconnect, not the bound.
+const FOREVER_MS = 600_000;
+
+t.test('a disconnect during the wait ends it at once: token file deleted → 503 token_unavailable, the held 401 dropped', async (t) => {
+  const r = await rig(t, FOREVER_MS);
+  r.mint('tok-cli-never-FFFF');
+  const get = request(`${r.base}/repos`);
+  await r.saas.waitForRequests(1);
+  rmSync(r.tokenFile);
+  const res = await get;
+  const text = await res.body.text();
+  assertJsonError(t, { status: res.statusCode, headers: res.headers, body: text, text }, 503, 'token_unavailable');
+  t.equal(r.saas.requests.length, 1);
+});
+
+t.test('the provider removed from the reloaded catalog during the wait: 404 unknown_provider at once', async (t) => {
+  const r = await rig(t, FOREVER_MS);
+  r.mint('tok-cli-never-GGGG');
+  const get = request(`${r.base}/repos`);
+  await r.saas.waitForRequests(1);
+  await loadConfig(r.proxy, {});
+  const res = await get;
+  const text = await res.body.text();
+  assertJsonError(t, { status: res.statusCode, headers: res.headers, body: text, text }, 404, 'unknown_provider');
   t.equal(r.saas.requests.length, 1);
 });

@@ -1,5 +1,5 @@
 import { EventEmitter, once } from 'node:events';
-import { renameSync } from 'node:fs';
+import { renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { request } from 'undici';
 import t from 'tap';
@@ -30,6 +30,7 @@ interface Rig {
   mint: (token: string) => void;
   /** apply writing the minted token into place. */
   apply: () => void;
+  tokenFile: string;
 }
 
 async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
@@ -58,6 +59,7 @@ async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
       writeToken(`${tokenFile}.new`, accepted);
       renameSync(`${tokenFile}.new`, tokenFile);
     },
+    tokenFile,
   };
 }
 
@@ -114,6 +116,35 @@ t.test('an agent that leaves during the wait: no retry is sent for it', async (t
   t.equal(resp.status, 200);
   t.equal(r.gw.requests.length, 2, 'the left request (401) and the later one, no retry in between');
   t.equal(r.gw.requests[1]?.headers.authorization, 'Bearer tok-rotation-2-EEEE');
+});
+
+// The bound is ten minutes: a request that answers at all (the test times out long
+// before) was ended by the disconnect, not by the bound.
+const FOREVER_MS = 600_000;
+
+t.test('a disconnect during the wait ends it at once: token file deleted → 503 token_unavailable, not a retry', async (t) => {
+  const r = await rig(t, FOREVER_MS);
+  r.mint('tok-rotation-never-GGGG');
+  const pending = send(r.url, { body: RPC });
+  await r.gw.waitForRequests(1);
+  rmSync(r.tokenFile);
+  const resp = await pending;
+  assertJsonError(t, resp, 503, 'token_unavailable');
+  t.equal(r.gw.requests.length, 1, 'nothing sent after the 401');
+  const access = await r.fwd.waitForLog((l) => l.msg === 'access' && l.status === 503);
+  t.equal(access.tokenProblem, 'missing');
+  t.equal(access.upstreamStatus, 401);
+});
+
+t.test('the binding removed from the reloaded registry during the wait: 404 unknown_binding at once', async (t) => {
+  const r = await rig(t, FOREVER_MS);
+  r.mint('tok-rotation-never-HHHH');
+  const pending = send(r.url, { body: RPC });
+  await r.gw.waitForRequests(1);
+  // The token file stays: only the reload tells the waiting request its route is gone.
+  await loadConfig(r.fwd, {});
+  assertJsonError(t, await pending, 404, 'unknown_binding');
+  t.equal(r.gw.requests.length, 1);
 });
 
 t.test('concurrent requests across rotations against the strict Gateway: none fails', async (t) => {

@@ -309,6 +309,33 @@ t.test('5xx and a connection reset: retried with backoff, same requestId', async
   await assertConverged(t, rig, slot, reqs[0]?.requestId ?? '', { idleCheck: false });
 });
 
+t.test('new slots renew concurrently, never more than --renew-concurrency at once; faults keep per-slot semantics', async (t) => {
+  const rig = await makeRig(t);
+  const BOUND = 4;
+  const slots = Array.from({ length: 40 }, (_v, i) => `instance:burst-${String(i).padStart(2, '0')}`);
+  for (const slot of slots) rig.addSlot(slot);
+  // Faults on a few slots, met while others are in flight: each must still retry alone
+  // with its one requestId, honouring Retry-After.
+  rig.gw.inject({ kind: 'status5xx', status: 503 }, { slot: slots[3] });
+  rig.gw.inject({ kind: 'status429', retryAfterS: 1 }, { slot: slots[17] });
+  rig.gw.inject({ kind: 'dropAfterCommit' }, { slot: slots[29] });
+  // Nothing is answered until BOUND renewals are open at once: one at a time never gets there.
+  rig.gw.holdUntilInflight(BOUND);
+  const { exit } = await rig.fetchOnce(['--renew-concurrency', String(BOUND), '--backoff-cap-ms', '200'], {}, 60_000);
+  t.equal(exit.code, 0, 'fetch --once settles every slot');
+  t.equal(rig.gw.maxInflight, BOUND, `at most ${BOUND} renewals in flight, and that many under a burst`);
+  for (const slot of slots) {
+    const reqs = rig.gw.requestsFor(slot);
+    if (rig.gw.minted(slot) !== 1 || new Set(requestIds(reqs)).size !== 1) t.fail(`${slot}: one token, one requestId (${rig.gw.minted(slot)} minted, ${reqs.length} requests)`);
+    if (!isOk(rig.readInbox(slot))) t.fail(`${slot}: handed to apply`);
+  }
+  t.same(rig.gw.requestsFor(slots[3] ?? '').map((r) => r.outcome), [503, 200], 'the 503 slot retried once');
+  const limited = rig.gw.requestsFor(slots[17] ?? '');
+  t.same(limited.map((r) => r.outcome), [429, 200], 'the 429 slot retried once');
+  t.ok((limited[1]?.at ?? 0) - (limited[0]?.at ?? 0) >= 1_000, 'not before its Retry-After (counted from arrivals: a lower bound)');
+  t.same(rig.gw.requestsFor(slots[29] ?? '').map((r) => r.outcome), ['dropped', 200], 'the lost answer was asked again');
+});
+
 t.test('401: a rejected credential halts renewals without a storm; a new credential resumes them', async (t) => {
   const rig = await makeRig(t);
   const slots = ['instance:halt-a', 'instance:halt-b', 'cli:halt-c'];

@@ -153,14 +153,23 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   if (upstream.statusCode === 401 && deps.tokenWaitMs > 0) {
     // The SaaS may refuse a token the moment its successor is minted; renewal writes the
     // successor within a second. The 401 is held (not yet relayed) while we wait.
-    const renewed = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res);
+    const routed = (): boolean => Object.hasOwn(deps.catalog.current.value, r.provider);
+    const end = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res, routed);
     if (res.destroyed) throw new ClientGoneError();
-    if (renewed !== undefined) {
+    if (end.kind === 'deleted' || end.kind === 'unrouted') {
+      // A disconnect retires the token file and the provider: answer as a new request would.
+      await call.discard();
+      rec.upstreamStatus = 401;
+      if (end.kind === 'unrouted' || !routed()) throw new AppError('unknown_provider');
+      rec.tokenProblem = 'missing';
+      throw new AppError('token_unavailable');
+    }
+    if (end.kind === 'renewed') {
       await call.discard();
       rec.upstreamStatus = 401;
       if (!replayable) throw new AppError('token_rejected', STREAMED_NOT_RETRIED);
       rec.retried = true;
-      token = renewed;
+      token = end.token;
       url = target();
       call = send(token, url);
       upstream = await headOf(call);

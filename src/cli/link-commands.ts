@@ -30,6 +30,7 @@ export function addLinkOptions(cmd: Command): Command {
     .option('--once', 'renewals only: settle every due slot, then exit (for a timer); exit 1 if any did not settle')
     .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
     .option('--backoff-cap-ms <n>', 'longest wait between renewal retries', String(defaultFetchConfig.backoff.capMs))
+    .option('--renew-concurrency <n>', 'renewal requests in flight at once, each for a different slot', String(defaultFetchConfig.concurrency))
     .option('--link-backoff-base-ms <n>', 'first state-poll retry wait (full jitter, doubling)', String(defaultStatePollerConfig.backoff.baseMs))
     .option('--link-backoff-cap-ms <n>', 'longest wait between state-poll retries', String(defaultStatePollerConfig.backoff.capMs))
     .option('--poll-timeout-ms <n>', 'client timeout of one state long poll (the Gateway holds it ≤ 60 s)', String(defaultStatePollerConfig.pollTimeoutMs))
@@ -69,6 +70,7 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
       once,
       onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
       backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },
+      concurrency: parseOption(positiveInt, opts.renewConcurrency, '--renew-concurrency'),
       metrics: metrics && createRenewalMetrics(metrics.registry),
     }),
   ];

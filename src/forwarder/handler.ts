@@ -93,11 +93,18 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     // minted a new one that apply has not written yet. Wait for the file to change
     // (bounded), then retry once with the new token; only a token that stays rejected is
     // the agent's error.
-    const renewed = await waitForRenewedToken(deps.rotation, binding.tokenFile, token, deps.tokenWaitMs, res);
+    const routed = (): boolean => Object.hasOwn(deps.registry.current.value, r.bindingId);
+    const end = await waitForRenewedToken(deps.rotation, binding.tokenFile, token, deps.tokenWaitMs, res, routed);
     if (res.destroyed) throw new ClientGoneError();
-    if (renewed !== undefined) {
+    // A disconnect retires the token file and the binding: answer as a new request would.
+    if (end.kind === 'unrouted' || (end.kind === 'deleted' && !routed())) throw new AppError('unknown_binding');
+    if (end.kind === 'deleted') {
+      rec.tokenProblem = 'missing';
+      throw new AppError('token_unavailable');
+    }
+    if (end.kind === 'renewed') {
       rec.retried = true;
-      call = send(deps, binding, res, method, baseHeaders, body, renewed);
+      call = send(deps, binding, res, method, baseHeaders, body, end.token);
       head = await call.head;
       rec.upstreamStatus = head.statusCode;
     }

@@ -124,7 +124,15 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   }
   if (readUids) {
     const peers = access;
-    const { lookup, method, skipped, close } = await choosePeerUidLookup();
+    // During an overload episode its refusals are logged once, not once per connection.
+    let overloaded = false;
+    const { lookup, method, skipped, close } = await choosePeerUidLookup({
+      onOverload: (e) => {
+        overloaded = e.kind === 'saturated';
+        if (e.kind === 'saturated') log.warn({ outstanding: e.outstanding }, 'peer check overloaded (the sock_diag helper is not answering): new connections are refused until it catches up');
+        else log.info({ refused: e.refused }, 'peer check caught up; connections are checked again');
+      },
+    });
     r.cleanups.push(close);
     if (method === 'sock_diag') log.info({ method }, 'peer check ready');
     else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
@@ -136,7 +144,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
       const decision = uid.then(async (uid) => {
         const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
-        if (!ok && !socket.destroyed) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
+        if (!ok && !socket.destroyed && !(uid === undefined && overloaded)) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
         return ok;
       });
       allowed.set(socket, decision);

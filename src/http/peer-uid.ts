@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { connect, createServer, isIPv4, type AddressInfo } from 'node:net';
-import { SockDiagHelper } from './sock-diag-helper.js';
+import { SockDiagHelper, type OverloadEvent } from './sock-diag-helper.js';
 
 /** `/proc/net/tcp` encodes an IPv4 address as its bytes read as a little-endian u32. */
 function hexV4(address: string): string {
@@ -155,14 +155,14 @@ async function selfCheck(lookup: PeerUidLookup): Promise<string | undefined> {
  * for a connection of our own with our own UID (which also catches one that reads every
  * owner as root). `skipped` says why the cheaper ones were not taken.
  */
-export async function choosePeerUidLookup(opts: { perl?: string; ss?: string } = {}): Promise<{
+export async function choosePeerUidLookup(opts: { perl?: string; ss?: string; onOverload?: (event: OverloadEvent) => void } = {}): Promise<{
   lookup: PeerUidLookup;
   method: PeerUidMethod;
   skipped: Partial<Record<PeerUidMethod, string>>;
   close: () => void;
 }> {
   const skipped: Partial<Record<PeerUidMethod, string>> = {};
-  const helper = new SockDiagHelper(opts.perl);
+  const helper = new SockDiagHelper({ ...(opts.perl === undefined ? {} : { perl: opts.perl }), onOverload: opts.onOverload });
   const viaHelper: PeerUidLookup = (...a) => helper.lookup(...a);
   const helperWhy = await selfCheck(viaHelper);
   if (helperWhy === undefined) return { lookup: viaHelper, method: 'sock_diag', skipped, close: () => helper.close() };

@@ -39,6 +39,24 @@ while (my $line = <STDIN>) {
 
 type Waiter = (uid: number | undefined) => void;
 
+/**
+ * Questions the helper may owe at once. A helper that stops answering (stopped, starved of
+ * CPU) would otherwise queue one question and one pending connection per connect a local
+ * user makes, without limit. 1024 is far above what a healthy helper ever owes (it answers
+ * in well under a millisecond of CPU) and small enough that the queue's memory is trivial.
+ */
+export const MAX_OUTSTANDING = 1024;
+
+/** An overload episode: its start (a question refused at the cap) and its end (drained). */
+export type OverloadEvent = { kind: 'saturated'; outstanding: number } | { kind: 'recovered'; refused: number };
+
+export interface SockDiagHelperOptions {
+  perl?: string;
+  maxOutstanding?: number;
+  /** Called once when an episode starts and once when it ends, never per refused question. */
+  onOverload?: (event: OverloadEvent) => void;
+}
+
 /** The v4 form of a v4 or v4-mapped address: a v4 lookup also finds a dual-stack socket using mapped addresses. */
 function v4Of(address: string): string | undefined {
   return isIPv4(address) ? address : /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1];
@@ -47,8 +65,22 @@ function v4Of(address: string): string | undefined {
 export class SockDiagHelper {
   private child: ChildProcess | undefined;
   private readonly waiting: Waiter[] = [];
+  private readonly perl: string;
+  private readonly max: number;
+  private readonly onOverload: ((event: OverloadEvent) => void) | undefined;
+  /** Questions refused in the current overload episode; undefined when not in one. */
+  private refused: number | undefined;
 
-  constructor(private readonly perl = 'perl') {}
+  constructor(opts: SockDiagHelperOptions = {}) {
+    this.perl = opts.perl ?? 'perl';
+    this.max = opts.maxOutstanding ?? MAX_OUTSTANDING;
+    this.onOverload = opts.onOverload;
+  }
+
+  /** Questions asked and not yet answered. */
+  get outstanding(): number {
+    return this.waiting.length;
+  }
 
   private start(): ChildProcess {
     // An empty environment: nothing of ours (no PERL5OPT, no PERL5LIB) shapes what it runs.
@@ -57,11 +89,13 @@ export class SockDiagHelper {
     createInterface({ input: child.stdout! }).on('line', (line) => {
       const uid = /^\d+$/.test(line) ? Number(line) : undefined;
       this.waiting.shift()?.(uid);
+      this.drained();
     });
     const fail = (): void => {
       if (this.child === child) this.child = undefined;
       // Whatever was asked of a dead helper is refused; the next question starts a new one.
       for (const w of this.waiting.splice(0)) w(undefined);
+      this.drained();
     };
     child.once('error', fail);
     child.once('exit', fail);
@@ -74,12 +108,29 @@ export class SockDiagHelper {
     const l4 = v4Of(localAddress);
     const q = r4 && l4 ? `4 ${r4} ${remotePort} ${l4} ${localPort}` : `6 ${remoteAddress} ${remotePort} ${localAddress} ${localPort}`;
     if (/[^0-9a-fA-F.: ]/.test(q)) return Promise.resolve(undefined);
+    if (this.waiting.length >= this.max) {
+      // Fail closed: no answer is no UID, which refuses the connection (403 forbidden_peer).
+      if (this.refused === undefined) {
+        this.refused = 0;
+        this.onOverload?.({ kind: 'saturated', outstanding: this.waiting.length });
+      }
+      this.refused += 1;
+      return Promise.resolve(undefined);
+    }
     this.child ??= this.start();
     const child = this.child;
     return new Promise((resolve) => {
       this.waiting.push(resolve);
       child.stdin!.write(`${q}\n`);
     });
+  }
+
+  /** An episode ends once the helper has worked off half its queue: no flapping at the cap. */
+  private drained(): void {
+    if (this.refused === undefined || this.waiting.length > this.max / 2) return;
+    const refused = this.refused;
+    this.refused = undefined;
+    this.onOverload?.({ kind: 'recovered', refused });
   }
 
   /** The helper's pid once started (the bench reads its CPU). */

@@ -22,6 +22,7 @@ import {
   type SlotPolicyState,
 } from './policy.js';
 import { defaultBackoff, type BackoffOptions } from './schedule.js';
+import { eachBounded } from './bounded-each.js';
 
 export interface FetchConfig {
   gatewayUrl: string;
@@ -34,11 +35,19 @@ export interface FetchConfig {
   backoff: BackoffOptions;
   /** Longest sleep between scans even when nothing is due (catches missed file events). */
   maxSleepMs: number;
+  /**
+   * Renewal requests in flight at once, each for a different slot. One at a time, 10 000
+   * new bindings took minutes to all hold tokens (one round trip plus two fsynced writes
+   * each); a small bound keeps the Gateway from being stormed by one host.
+   */
+  concurrency: number;
   /** Iterations, failures, durations and each slot's token expiry (`--metrics-listen`). */
   metrics?: RenewalMetrics | undefined;
 }
 
-export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000 };
+export const DEFAULT_RENEW_CONCURRENCY = 8;
+
+export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000, concurrency: DEFAULT_RENEW_CONCURRENCY };
 
 /** The log line of each decision (the policy decides; this only reports). */
 function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision: Extract<Decision, { kind: 'next' }>): void {
@@ -147,22 +156,30 @@ export function createFetchService(config: FetchConfig): Service {
           if (slot.revoked) config.metrics?.forget(slot.slot);
           else if (slot.expiresAt) config.metrics?.expiry(slot.slot, slot.expiresAt);
         }
-        for (const slot of slots) {
-          if (signal.aborted) break;
-          if (slot.revoked) continue;
+        // Bounded concurrency across slots; one slot is attempted at most once per step, so
+        // its requestId, backoff and order of attempts are exactly as when run one by one.
+        let halted: string | undefined; // the slot whose renewal met the 401
+        await eachBounded(slots, config.concurrency, async (slot) => {
+          if (signal.aborted || halted !== undefined) return 'stop';
+          if (slot.revoked) return undefined;
           const at = await attempt(slot, credential, now);
           if (at === 'halt') {
-            haltedOn = digest;
-            unsettled += 1;
-            log.error(
-              { slot: slot.slot },
-              'host credential rejected by the Gateway (401): renewals stopped until the credential changes; replace it and restart or wait',
-            );
-            void notifier.status('halted: host credential rejected (401)');
-            return config.maxSleepMs;
+            halted ??= slot.slot;
+            return 'stop';
           }
           if (!(slotStates.get(slot.slot) ?? freshSlot).settled) unsettled += 1;
           next = Math.min(next, at);
+          return undefined;
+        });
+        if (halted !== undefined) {
+          haltedOn = digest;
+          unsettled += 1;
+          log.error(
+            { slot: halted },
+            'host credential rejected by the Gateway (401): renewals stopped until the credential changes; replace it and restart or wait',
+          );
+          void notifier.status('halted: host credential rejected (401)');
+          return config.maxSleepMs;
         }
         void notifier.status(`${slots.length} slot(s); next renewal in ${Math.max(0, Math.round((next - Date.now()) / 1000))} s`);
         return Math.max(0, next - Date.now());

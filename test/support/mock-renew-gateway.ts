@@ -88,6 +88,10 @@ export class MockRenewGateway {
   private readonly timers = new Set<NodeJS.Timeout>();
   private readonly faults: QueuedFault[] = [];
   private readonly arrivals = new Wakeups();
+  /** Requests open now (arrived, not yet answered or dropped) and the most ever at once. */
+  inflight = 0;
+  maxInflight = 0;
+  private gate: { n: number; held: (() => void)[] } | undefined;
 
   constructor(options: MockRenewGatewayOptions = {}) {
     this.authority = new RenewAuthority({
@@ -166,6 +170,15 @@ export class MockRenewGateway {
     return this.requests[n - 1] as RenewRecord;
   }
 
+  /**
+   * Holds every request until `n` are open at once, then lets them all go and stops
+   * holding: a client that never has `n` renewals in flight waits forever (its test times
+   * out), one that has proves it by event, not by timing.
+   */
+  holdUntilInflight(n: number): void {
+    this.gate = { n, held: [] };
+  }
+
   private takeFault(slot: string): RenewFault | undefined {
     const i = this.faults.findIndex((f) => f.slot === undefined || f.slot === slot);
     if (i === -1) return undefined;
@@ -176,6 +189,20 @@ export class MockRenewGateway {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    this.inflight += 1;
+    this.maxInflight = Math.max(this.maxInflight, this.inflight);
+    res.once('close', () => {
+      this.inflight -= 1;
+    });
+    const gate = this.gate;
+    if (gate) {
+      if (this.inflight >= gate.n) {
+        this.gate = undefined;
+        for (const go of gate.held) go();
+      } else {
+        await new Promise<void>((go) => gate.held.push(go));
+      }
+    }
     const rec: RenewRecord = {
       seq: 0,
       at: Date.now(),
