@@ -41,6 +41,10 @@ export interface MetricsCost {
   pairedDiffPct: number;
   /** The same for two processes with metrics off (A/A): the noise floor of the figure above. */
   controlDiffPct: number;
+  /** One process, the observer switched off and on between slices: median over repetitions of (on − off) / off, percent. */
+  inProcessDiffPct: number;
+  /** The same process, on vs on again (A/A): the noise floor of the figure above. */
+  inProcessControlPct: number;
   /** The hook alone, in this process: CPU per request it adds (µs), and that as a share of the median off figure. */
   hookUsPerReq: number;
   hookPct: number;
@@ -92,6 +96,8 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
   const on: number[] = [];
   const pairedPct: number[] = [];
   const controlPct: number[] = [];
+  const inProcessPct: number[] = [];
+  const inProcessControlPct: number[] = [];
   const start = async (metrics: boolean): Promise<{ fwd: Peer; metricsUrl: string; stop: () => Promise<void> }> => {
     const metricsPort = metrics ? await freePort() : 0;
     const fwd = await startPeer('forwarder-warn', {
@@ -146,6 +152,41 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
       scrapeMs = (cpuMicros(pid) - before) / SCRAPES / 1000;
     } finally {
       await probe.stop();
+    }
+    // One process, the observer switched off and on between slices (test hook
+    // metrics-toggle, SIGUSR2): what metrics add per request, without what two processes
+    // differ by. Slices rotate through on, off and on again (the A/A control).
+    process.env.AGENT_CONNECTORS_TEST_HOOKS = 'metrics-toggle';
+    const toggled = await start(true).finally(() => delete process.env.AGENT_CONNECTORS_TEST_HOOKS);
+    try {
+      const pid = toggled.fwd.pids()[0] as number;
+      let observing = true;
+      const setObserving = async (want: boolean): Promise<void> => {
+        if (observing === want) return;
+        process.kill(pid, 'SIGUSR2');
+        observing = want;
+        await new Promise((r) => setTimeout(r, 100)); // the signal is handled between requests
+      };
+      await slice(toggled.fwd, 1);
+      const kinds = [true, false, true] as const; // on, off, on again
+      for (let i = 0; i < reps; i++) {
+        const cpu = [0, 0, 0];
+        const requests = [0, 0, 0];
+        for (let k = 0; k < seconds * 3; k++) {
+          const side = (k + i) % 3;
+          await setObserving(kinds[side] as boolean);
+          const [us, n] = await slice(toggled.fwd, 1);
+          cpu[side] = (cpu[side] as number) + us;
+          requests[side] = (requests[side] as number) + n;
+        }
+        const perReq = cpu.map((c, side) => c / (requests[side] as number));
+        const [onUs, offUs, onAgainUs] = perReq as [number, number, number];
+        inProcessPct.push(((onUs - offUs) / offUs) * 100);
+        inProcessControlPct.push(((onAgainUs - onUs) / onUs) * 100);
+        log(`metrics cost, one process, rep ${i + 1}/${reps}: off ${offUs.toFixed(1)}, on ${onUs.toFixed(1)}, on again ${onAgainUs.toFixed(1)} µs/req (on ${signed(inProcessPct.at(-1))} %, control ${signed(inProcessControlPct.at(-1))} %)`);
+      }
+    } finally {
+      await toggled.stop();
     }
     for (let i = 0; i < reps; i++) {
       // Three processes live side by side and take the load in rotating one-second
@@ -203,6 +244,8 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
     diffPct: ((medianOn - medianOff) / medianOff) * 100,
     pairedDiffPct: median(pairedPct),
     controlDiffPct: median(controlPct),
+    inProcessDiffPct: median(inProcessPct),
+    inProcessControlPct: median(inProcessControlPct),
     hookUsPerReq,
     hookPct: (hookUsPerReq / medianOff) * 100,
     scrapeMs,
@@ -210,6 +253,7 @@ export async function runMetricsCost(opts: BenchOptions, log: (s: string) => voi
   log(
     `forwarder CPU per request, metrics off ${medianOff.toFixed(1)} µs, on ${medianOn.toFixed(1)} µs: ${signed(result.diffPct)} % (median of ${reps}, c=${connections}, ${seconds} s each, ${result.load}); paired per repetition ${signed(result.pairedDiffPct)} %, A/A control ${signed(result.controlDiffPct)} %`,
   );
+  log(`one process, observer off and on: ${signed(result.inProcessDiffPct)} % per request (median of ${reps}); A/A control ${signed(result.inProcessControlPct)} %`);
   log(`one scrape of /metrics: ${scrapeMs.toFixed(1)} ms of the forwarder's CPU (every 15 s: ${(scrapeMs / 15).toFixed(2)} ms a second)`);
   log(`the metrics hook alone: ${hookUsPerReq.toFixed(2)} µs of CPU per request = ${result.hookPct.toFixed(2)} % of the forwarder's ${medianOff.toFixed(0)} µs`);
   return result;

@@ -17,7 +17,7 @@ import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
 import { createHttpMetrics } from '../metrics/http-metrics.js';
-import { addMetricsOption, metricsFrom } from './metrics-options.js';
+import { addMetricsOption, benchToggle, metricsFrom } from './metrics-options.js';
 import { DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { addServerOptions, layoutFrom, loggerFrom, parseOption, serverOptions } from './options.js';
 
@@ -65,7 +65,7 @@ export function registerForwarderCommands(program: Command): void {
     const server = serverOptions(opts);
     const metrics = metricsFrom(opts, 'forwarder', server.listen);
     const service = createForwarderService({
-      config: { ...server, instancesPath: layoutFrom(opts).instances, observer: metrics && createHttpMetrics(metrics.registry, 'instances.json') },
+      config: { ...server, instancesPath: layoutFrom(opts).instances, observer: metrics && benchToggle(createHttpMetrics(metrics.registry, 'instances.json')) },
     });
     await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
   });

@@ -4,6 +4,8 @@ import type { ListenAddress } from '../http/loopback.js';
 import { createMetricsService, parseMetricsListen } from '../metrics/metrics-service.js';
 import { createRegistry, type Part } from '../metrics/registry.js';
 import type { Service } from '../service/service.js';
+import { hookEnabled } from '../service/test-hooks.js';
+import type { PartObserver } from '../http/loopback-service.js';
 
 /**
  * The variable lets a unit drop-in turn metrics on with one `Environment=` line, leaving
@@ -30,4 +32,23 @@ export function metricsFrom(opts: { metricsListen?: unknown }, part: Part, partL
   if (!listen) return undefined;
   const registry = createRegistry(part);
   return { registry, service: createMetricsService({ listen, registry }) };
+}
+
+/**
+ * Test hook `metrics-toggle` (AGENT_CONNECTORS_TEST_HOOKS): SIGUSR2 switches the request
+ * observer off and on in a running process, so `npm run bench -- --metrics` can compare
+ * metrics on and off in one process (two processes differ by more than the 2 % measured).
+ * Without the hook, the observer as it is.
+ */
+export function benchToggle(observer: PartObserver): PartObserver {
+  if (!hookEnabled('metrics-toggle')) return observer;
+  let on = true;
+  process.on('SIGUSR2', () => {
+    on = !on;
+  });
+  return {
+    closed: (req, rec, seconds) => void (on && observer.closed(req, rec, seconds)),
+    answering: (res, contentType) => void (on && observer.answering(res, contentType)),
+    configLoaded: (ok, count) => observer.configLoaded(ok, count),
+  };
 }

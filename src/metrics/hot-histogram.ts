@@ -40,7 +40,7 @@ export class HotHistogram<T extends string> extends Histogram<T> {
   private readonly metricName: string;
   private readonly helpText: string;
   private readonly bounds: readonly number[];
-  private readonly entries = new Map<string, Entry<T>>();
+  private readonly entries = new Map<number, Entry<T>>();
 
   constructor(options: HotHistogramOptions<T>) {
     super({ name: options.name, help: options.help, labelNames: options.labelNames, buckets: [...options.buckets], registers: options.registers });
@@ -52,20 +52,22 @@ export class HotHistogram<T extends string> extends Histogram<T> {
   }
 
   /**
-   * The series for `key`, made on first use from `labels()`. A key names one label set and
-   * one only; the callers build it from values of fixed or capped sets
-   * (src/metrics/labels.ts), so the series stay bounded.
+   * The series a key names, if made. A key names one label set and one only; callers
+   * build it from indices into fixed or capped sets (src/metrics/labels.ts), a number, so
+   * the lookup hashes nothing and the series stay bounded.
    */
-  series(key: string, labels: () => LabelValues<T>): HotSeries {
-    let entry = this.entries.get(key);
-    if (entry === undefined) {
-      entry = { labels: labels(), series: { buckets: new Array<number>(this.bounds.length + 1).fill(0), sum: 0, count: 0 } };
-      this.entries.set(key, entry);
-    }
+  seriesAt(key: number): HotSeries | undefined {
+    return this.entries.get(key)?.series;
+  }
+
+  /** Makes the series `key` names, with its labels (once per label set). */
+  addSeries(key: number, labels: LabelValues<T>): HotSeries {
+    const entry = { labels, series: { buckets: new Array<number>(this.bounds.length + 1).fill(0), sum: 0, count: 0 } };
+    this.entries.set(key, entry);
     return entry.series;
   }
 
-  /** Counts one observation of `seconds` into a series held from `series()`. */
+  /** Counts one observation of `seconds` into a series from `seriesAt()`/`addSeries()`. */
   record(series: HotSeries, seconds: number): void {
     const bounds = this.bounds;
     let i = 0;
@@ -79,28 +81,28 @@ export class HotHistogram<T extends string> extends Histogram<T> {
   // count into a series no scrape shows (a key made of the labels alone could not find the
   // series a caller made with its own key).
   override observe(): never {
-    throw new TypeError(`${this.metricName}: use series() and record()`);
+    throw new TypeError(`${this.metricName}: use seriesAt()/addSeries() and record()`);
   }
 
   override labels(): never {
-    throw new TypeError(`${this.metricName}: use series() and record()`);
+    throw new TypeError(`${this.metricName}: use seriesAt()/addSeries() and record()`);
   }
 
   override startTimer(): never {
-    throw new TypeError(`${this.metricName}: use series() and record()`);
+    throw new TypeError(`${this.metricName}: use seriesAt()/addSeries() and record()`);
   }
 
   override zero(): never {
-    throw new TypeError(`${this.metricName}: use series() and record()`);
+    throw new TypeError(`${this.metricName}: use seriesAt()/addSeries() and record()`);
   }
 
   override remove(): never {
-    throw new TypeError(`${this.metricName}: use series() and record()`);
+    throw new TypeError(`${this.metricName}: use seriesAt()/addSeries() and record()`);
   }
 
   override reset(): void {
     // prom-client's constructor calls reset() before this class's fields exist.
-    (this.entries as Map<string, Entry<T>> | undefined)?.clear();
+    (this.entries as Map<number, Entry<T>> | undefined)?.clear();
   }
 
   /** What the registry renders: prom-client asks for this before `get()`. */

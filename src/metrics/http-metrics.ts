@@ -3,10 +3,16 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
 import { HotHistogram } from './hot-histogram.js';
-import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
+import { CappedLabel, errorTypeOf, LabelIndex, MAX_DISTINCT, MCP_METHOD_COUNT, mcpMethodLabel, METHOD_COUNT, methodLabel, routeIndexOf, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
 
 /** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
+
+// How many values each indexed label can take (its fixed set plus `_OTHER`; tools: the cap
+// plus `_other`, `_invalid` and none), so that every label set has its own key.
+const METHOD_SLOTS = METHOD_COUNT + 1;
+const MCP_METHOD_SLOTS = MCP_METHOD_COUNT + 1;
+const TOOL_SLOTS = MAX_DISTINCT + 3;
 
 function routeTotals(): Record<RouteLabel, number> {
   return { mcp: 0, provider: 0, healthz: 0, other: 0 };
@@ -104,25 +110,35 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
   for (const result of ['ok', 'rejected']) reloads.inc({ file: configFile, result }, 0);
   for (const route of ROUTES) streams.set({ http_route: route }, 0);
   const tools = new CappedLabel();
+  const toolIndex = new LabelIndex();
+  const errorTypes = new LabelIndex();
+  const methods = new LabelIndex();
+  const mcpMethods = new LabelIndex();
 
   return {
     closed(req: IncomingMessage, rec: AccessRecord, seconds: number): void {
-      const route = routeOf(req.url);
+      // Runs once per request: the series is found by a number made of label indices
+      // (no key string, no label object, no closure); labels are built once per series.
+      const routeIndex = routeIndexOf(req.url);
+      const route = ROUTES[routeIndex];
       const status = rec.status;
       const errorType = errorTypeOf(rec.outcome) ?? (status !== undefined && status >= 500 ? String(status) : '');
-      const method = methodLabel(rec.method);
-      const code = statusLabel(status);
-      duration.record(
-        duration.series(`${route} ${method} ${code} ${errorType}`, () => ({ http_route: route, http_request_method: method, http_response_status_code: code, error_type: errorType })),
-        seconds,
-      );
+      const error = errorTypes.of(errorType);
+      const method = methods.of(methodLabel(rec.method));
+      const code = status !== undefined && Number.isInteger(status) && status >= 100 && status <= 599 ? status : 0;
+      const key = ((error * 600 + code) * METHOD_SLOTS + method) * ROUTES.length + routeIndex;
+      const series =
+        duration.seriesAt(key) ??
+        duration.addSeries(key, { http_route: route, http_request_method: methodLabel(rec.method), http_response_status_code: statusLabel(status), error_type: errorType });
+      duration.record(series, seconds);
       bytes.in[route] += rec.bytesIn;
       bytes.out[route] += rec.bytesOut;
       if (typeof rec.mcpMethod === 'string') {
         const mcpMethod = mcpMethodLabel(rec.mcpMethod);
         const tool = mcpMethod === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool) : '';
-        // A tool name holds no space (labels.ts), so the key names one label set.
-        mcp.record(mcp.series(`${mcpMethod} ${tool} ${errorType}`, () => ({ mcp_method_name: mcpMethod, gen_ai_tool_name: tool, error_type: errorType })), seconds);
+        const mcpKey = (error * MCP_METHOD_SLOTS + mcpMethods.of(mcpMethod)) * TOOL_SLOTS + toolIndex.of(tool);
+        const mcpSeries = mcp.seriesAt(mcpKey) ?? mcp.addSeries(mcpKey, { mcp_method_name: mcpMethod, gen_ai_tool_name: tool, error_type: errorType });
+        mcp.record(mcpSeries, seconds);
       }
       if (rec.tokenProblem !== undefined) tokenFailures.inc({ reason: tokenReasonLabel(rec.tokenProblem) });
       if (rec.retried === true) unauthorized.inc({ result: rec.outcome === 'token_rejected' ? 'retry_rejected' : 'retried' });

@@ -14,15 +14,22 @@ export type RouteLabel = (typeof ROUTES)[number];
 
 /** The route of a request target: which of the parts' fixed routes it asked for. */
 export function routeOf(target: string | undefined): RouteLabel {
-  if (!target) return 'other';
-  if (target.startsWith('/i/')) return 'mcp';
-  if (target.startsWith('/p/')) return 'provider';
-  if (target === '/healthz' || target.startsWith('/healthz?')) return 'healthz';
-  return 'other';
+  return ROUTES[routeIndexOf(target)];
+}
+
+/** `routeOf` as its index in ROUTES. */
+export function routeIndexOf(target: string | undefined): 0 | 1 | 2 | 3 {
+  if (!target) return 3;
+  if (target.startsWith('/i/')) return 0;
+  if (target.startsWith('/p/')) return 1;
+  if (target === '/healthz' || target.startsWith('/healthz?')) return 2;
+  return 3;
 }
 
 // OpenTelemetry's http.request.method: the known methods, anything else `_OTHER`.
 const METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH']);
+
+export const METHOD_COUNT = METHODS.size;
 
 export function methodLabel(method: string): string {
   return METHODS.has(method) ? method : OTHER;
@@ -74,6 +81,8 @@ const MCP_METHODS: ReadonlySet<string> = new Set([
   'notifications/message',
 ]);
 
+export const MCP_METHOD_COUNT = MCP_METHODS.size;
+
 export function mcpMethodLabel(method: string): string {
   return MCP_METHODS.has(method) ? method : OTHER;
 }
@@ -109,5 +118,25 @@ export class CappedLabel {
     if (this.seen.size >= this.max) return '_other';
     this.seen.add(v);
     return v;
+  }
+}
+
+/**
+ * Each label value a small number, fixed at its first sight, for a numeric series key
+ * (src/metrics/hot-histogram.ts): a lookup of a value seen before hashes at most that
+ * string. Bounded by its callers, which index values of fixed or capped sets only.
+ */
+export class LabelIndex {
+  private readonly index = new Map<string, number>();
+  private readonly values: string[] = [];
+
+  of(value: string): number {
+    let i = this.index.get(value);
+    if (i === undefined) {
+      i = this.values.length;
+      this.index.set(value, i);
+      this.values.push(value);
+    }
+    return i;
   }
 }
