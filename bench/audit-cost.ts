@@ -6,12 +6,12 @@
  * slices, so drift on a shared machine hits both sides alike; medians over repetitions.
  *
  * Two differences. The load is paced (100 calls a second, one keep-alive connection), not wrk
- * flat out: the spool writes one fsynced file per event after each answer, in a queue,
- * and a disk sustains a few hundred of those a second on this VM; under wrk's thousands a
+ * flat out: the spool writes one file per event after each answer, in a queue, and
+ * takes a few thousand a second on this VM (the first version, fsynced, a few hundred); under wrk's thousands a
  * second the queue runs ever further behind the answers and the slice measures a backlog,
  * not a call. CLI calls come one at a time, far below that rate. And the CPU is every
- * thread's (/proc/<pid>/task/<tid>/schedstat, in ns): the spool's writes and fsyncs run on
- * libuv's thread pool, and a slice of a few hundred calls is too short for clock ticks.
+ * thread's (/proc/<pid>/task/<tid>/schedstat, in ns): whatever runs on libuv's thread pool
+ * counts too, and a slice of a few hundred calls is too short for clock ticks.
  * A slice of the audited side closes only once its events are all on disk.
  * The spool's own rate and cost are also measured in this process (AuditSpool on a real
  * directory), where nothing else competes.
@@ -109,8 +109,8 @@ async function spooled(dir: string, n: number, capMs = 120_000): Promise<number>
 }
 
 /**
- * Calls a second: below what the spool sustains on this VM even while others load it (the
- * in-process figure, 170–420 events/s), far above what CLIs run by agents make.
+ * Calls a second: far below what the spool sustains on this VM even while others load it
+ * (the in-process figure), and above what CLIs run by agents make.
  */
 const RATE = 100;
 

@@ -14,8 +14,9 @@ export interface AuditSpoolConfig {
 }
 
 /**
- * Up to ~1 KB of memory each while queued. The disk writes 56–420 events/s on the shared VM
- * (docs/audit.md, Cost): a burst above that rate waits here, but not without end.
+ * Up to ~1 KB of memory each while queued. The spool writes ≈ 2 500 events/s on the shared
+ * VM (docs/audit.md, Cost): a burst above that rate, or a stalled disk, waits here, but
+ * not without end.
  */
 export const DEFAULT_AUDIT_MAX_QUEUED = 10_000;
 
