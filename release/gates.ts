@@ -70,7 +70,7 @@ function secretsUnder(dir: string, into: Set<string>): void {
 /** `agent-connectors dev` in a scratch state dir, on free ports; the URL read off its banner. */
 async function startDev(work: string): Promise<Target> {
   const stateDir = join(work, 'dev-state');
-  const child: ChildProcess = spawn(process.execPath, [CLI, 'dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0'], {
+  const child: ChildProcess = spawn(process.execPath, [CLI, 'dev', '--state-dir', stateDir, '--listen', '127.0.0.1:0', '--cli-listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0'], {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
     cwd: work,
     stdio: ['ignore', 'pipe', 'pipe'],
