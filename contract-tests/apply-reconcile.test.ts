@@ -233,3 +233,36 @@ t.test('bind and unbind are refused on an enrolled host: exit 2, naming the Gate
   t.equal(un.code, 0, 'and unbinds');
   t.notOk(existsSync(tokenFile), 'unbind of the instance\'s last binding deleted its token file');
 });
+
+t.test('a new desired state is applied ahead of a long inbox: the pass over hand-offs yields to it', async (t) => {
+  const w = await world(t);
+  const apply = await w.startApply();
+  const N = 300;
+  const ids = Array.from({ length: N }, (_v, i) => [`bind_yield_${String(i).padStart(4, '0')}_AAAAAAAA`, `inst-y${i}`] as const);
+  w.writeState(desired(w, 1, Object.fromEntries(ids), []));
+  await apply.waitForLog(appliedLine(1), 60_000);
+  // The inbox filled while apply is stopped, so its next pass is long; the new state
+  // (dropping the first binding) arrives once that pass has begun.
+  const pid = apply.child.pid as number;
+  process.kill(pid, 'SIGSTOP');
+  const expiresAt = new Date(Date.now() + 3_600_000).toISOString();
+  for (const [, inst] of ids) {
+    const token = `tok-yield-${inst}-${Date.now()}-QWER`;
+    knownSecrets.add(token);
+    writeJsonAtomic(join(w.handoff, 'inbox', `instance:${inst}.json`), { slot: `instance:${inst}`, tokenId: `tid-${inst}`, token, expiresAt, credentialGeneration: 0 });
+  }
+  const mark = apply.logs.length;
+  process.kill(pid, 'SIGCONT');
+  await apply.waitForLog((l) => l.msg === 'token applied', 30_000, mark);
+  const [dropped] = ids;
+  w.writeState(desired(w, 2, Object.fromEntries(ids.slice(1)), []));
+  await apply.waitForLog(appliedLine(2), 60_000, mark);
+  const at = apply.logs.findIndex((l, i) => i >= mark && appliedLine(2)(l));
+  const before = apply.logs.slice(mark, at).filter((l) => l.msg === 'token applied').length;
+  t.ok(before < N / 2, `version 2 applied after ${before} of the ${N} hand-offs, not behind the whole pass`);
+  t.notOk(existsSync(w.instanceToken(dropped?.[1] ?? '')), "the dropped binding's token file is gone");
+  // The rest of the inbox still goes through.
+  await until(async () => (apply.logs.slice(mark).filter((l) => l.msg === 'token applied').length >= N - 1 ? true : undefined), 60_000);
+  t.pass('every other hand-off applied after the state');
+  await checkNoLeaks(t, { procs: [apply], dirs: [] });
+});

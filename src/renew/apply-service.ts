@@ -56,7 +56,13 @@ export function createApplyService(config: ApplyConfig): Service {
             lastStateCheck = Date.now();
             await reconcileDesiredState({ ...config.reconcile, paths, log, signal, memo });
           }
-          const stats = await applyInbox({ ...deps, managed: config.reconcile !== undefined && existsSync(paths.desiredState) });
+          const stats = await applyInbox({
+            ...deps,
+            managed: config.reconcile !== undefined && existsSync(paths.desiredState),
+            // A new desired state ends the pass between two files: the loop runs again at
+            // once (the watch woke it), reconciles, then takes the rest of the inbox.
+            interrupt: config.reconcile ? () => stateDirty : undefined,
+          });
           if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
           config.metrics?.applied(stats);
         } catch (err) {

@@ -25,12 +25,20 @@ export interface ApplyDeps {
   signal?: AbortSignal;
   /** Enrolled host (a desired state exists): tokens for slots with no slot file are dropped. */
   managed?: boolean;
+  /**
+   * Asked between two inbox files: true ends the pass there (what is left waits for the
+   * next one). apply --watch says so when a new desired state arrived, so a disconnect is
+   * not applied behind thousands of hand-offs.
+   */
+  interrupt?: () => boolean;
 }
 
 export interface ApplyStats {
   applied: number;
   ignored: number;
   rejected: number;
+  /** The pass ended early for a new desired state (`interrupt`). */
+  interrupted?: boolean;
 }
 
 /** Newer means a higher generation, or the same generation expiring later; and a new tokenId. */
@@ -196,10 +204,14 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
     // otherwise wait for the next trigger (a systemd .path unit does not fire for a
     // service that is still running).
     const failed = new Set<string>();
-    for (let round = 0; round < 10; round++) {
+    rounds: for (let round = 0; round < 10; round++) {
       const names = (await readdir(deps.paths.inbox)).filter((n) => !n.startsWith('.') && !failed.has(n)).sort();
       if (names.length === 0) break;
       for (const name of names) {
+        if (deps.interrupt?.()) {
+          stats.interrupted = true;
+          break rounds;
+        }
         try {
           await applyOne(deps, name, stats);
         } catch (err) {

@@ -45,7 +45,13 @@ export interface FetchConfig {
   metrics?: RenewalMetrics | undefined;
 }
 
-export const DEFAULT_RENEW_CONCURRENCY = 8;
+/**
+ * One at a time by default: apply takes its inbox one file at a time and reconciles a new
+ * desired state only between passes, so a fetch faster than apply lengthens the pass a
+ * disconnect waits behind (busy-suite: ten disconnects behind 10 000 hand-offs were not
+ * applied in 400 s). Raise it once apply interleaves state changes with its inbox.
+ */
+export const DEFAULT_RENEW_CONCURRENCY = 1;
 
 export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000, concurrency: DEFAULT_RENEW_CONCURRENCY };
 
