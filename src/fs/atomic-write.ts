@@ -33,7 +33,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
   }
-  const tmp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+  const tmp = tempPathFor(dir, basename(path));
   const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   try {
     if (options.midWrite) {
@@ -78,7 +78,7 @@ export function atomicWriteSync(path: string, data: string, options: Pick<Atomic
   const st = lstatSync(path, { throwIfNoEntry: false });
   if (st?.isSymbolicLink()) throw new Error(`refusing to replace symlink at ${path}`);
   if (st && !st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
-  const tmp = join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+  const tmp = tempPathFor(dirname(path), basename(path));
   const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   try {
     const bytes = Buffer.from(data);
@@ -129,6 +129,11 @@ export async function fsyncDir(dir: string): Promise<void> {
 }
 
 /** `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. */
+function tempPathFor(dir: string, target: string): string {
+  return join(dir, `.${target}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+}
+
+/** `tempPathFor`'s names, for the sweep. */
 const TEMP_NAME = /^\.(.+)\.(\d+)\.[0-9a-f]{12}\.tmp$/;
 
 /**
@@ -176,7 +181,7 @@ export async function checkWritableDir(dir: string, what: string, options: { mod
       await access(dir, constants.W_OK | constants.X_OK);
       return;
     }
-    const probe = join(dir, `.write-check.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+    const probe = tempPathFor(dir, 'write-check');
     const fh = await open(probe, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     await fh.close();
     await unlink(probe);

@@ -3,7 +3,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
 import { HotHistogram } from './hot-histogram.js';
-import { CappedLabel, errorTypeOf, LabelIndex, MAX_DISTINCT, MCP_METHOD_COUNT, mcpMethodLabel, METHOD_COUNT, methodLabel, routeIndexOf, routeOf, ROUTES, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
+import { CappedLabel, errorTypeOf, LabelIndex, MAX_DISTINCT, MCP_METHOD_COUNT, mcpMethodLabel, METHOD_COUNT, methodLabel, routeIndexOf, routeOf, ROUTES, statusCodeOf, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
 
 /** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
@@ -125,7 +125,7 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
       const errorType = errorTypeOf(rec.outcome) ?? (status !== undefined && status >= 500 ? String(status) : '');
       const error = errorTypes.of(errorType);
       const method = methods.of(methodLabel(rec.method));
-      const code = status !== undefined && Number.isInteger(status) && status >= 100 && status <= 599 ? status : 0;
+      const code = statusCodeOf(status);
       const key = ((error * 600 + code) * METHOD_SLOTS + method) * ROUTES.length + routeIndex;
       const series =
         duration.seriesAt(key) ??

@@ -35,8 +35,14 @@ export function methodLabel(method: string): string {
   return METHODS.has(method) ? method : OTHER;
 }
 
+/** An HTTP status as a number for a series key: the status itself, 0 for anything not one. */
+export function statusCodeOf(status: number | undefined): number {
+  return status !== undefined && Number.isInteger(status) && status >= 100 && status <= 599 ? status : 0;
+}
+
 export function statusLabel(status: number | undefined): string {
-  return status !== undefined && Number.isInteger(status) && status >= 100 && status <= 599 ? String(status) : OTHER;
+  const code = statusCodeOf(status);
+  return code === 0 ? OTHER : String(code);
 }
 
 const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed']);
