@@ -16,7 +16,7 @@ const LAYERS: ReadonlyArray<readonly string[]> = [
   ['config', 'service'],
   ['http'],
   ['metrics'],
-  ['forwarder', 'cli-proxy', 'renew', 'shims', 'doctor', 'install', 'gateway-standin', 'dev', 'link'],
+  ['forwarder', 'cli-proxy', 'renew', 'apply', 'shims', 'doctor', 'install', 'gateway-standin', 'dev', 'link'],
   ['cli'],
   ['cli.ts'],
 ];

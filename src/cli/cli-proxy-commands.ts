@@ -6,7 +6,7 @@ import { stateLayout, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { parseListen } from '../http/loopback.js';
 import { handoffPaths } from '../data/handoff.js';
-import { ensureSlot } from '../renew/slot-admin.js';
+import { ensureSlot } from '../apply/slot-admin.js';
 import { cliSlot } from '../data/renew-wire.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';

@@ -24,9 +24,9 @@ import { enroll, linkFiles, type Systemd } from '../link/enroll.js';
 import { createLinkServices } from '../link/link.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
-import { createApplyService } from '../renew/apply-service.js';
+import { createApplyService } from '../apply/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
-import { tokenFilesFor } from '../renew/token-targets.js';
+import { defaultTokenDirs, tokenFilesFor } from '../apply/token-targets.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createNotifier } from '../service/sd-notify.js';
@@ -39,7 +39,6 @@ import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LIS
 import { devMetrics, devMetricsOption } from './dev-command-metrics.js';
 import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
 import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
-import { defaultTokenDirs } from './renew-commands.js';
 
 const DEFAULT_DEV_STATE = './.state';
 /** The system state root: dev wipes its host state at start, so it never runs there. */

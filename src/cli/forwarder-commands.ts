@@ -6,7 +6,7 @@ import type { Command } from 'commander';
 import { Option } from 'commander';
 import { z } from 'zod';
 import { handoffPaths } from '../data/handoff.js';
-import { ensureSlot, retireSlot } from '../renew/slot-admin.js';
+import { ensureSlot, retireSlot } from '../apply/slot-admin.js';
 import { instanceSlot } from '../data/renew-wire.js';
 import { ConfigError } from '../errors.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';

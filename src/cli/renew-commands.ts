@@ -1,10 +1,9 @@
 import { resolve } from 'node:path';
 import { type Command } from 'commander';
-import { stateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
-import { createApplyService } from '../renew/apply-service.js';
+import { createApplyService } from '../apply/apply-service.js';
 import { handoffPaths } from '../data/handoff.js';
-import { tokenFilesFor } from '../renew/token-targets.js';
+import { defaultTokenDirs, tokenFilesFor } from '../apply/token-targets.js';
 import { createApplyMetrics } from '../metrics/renewal-metrics.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
@@ -14,12 +13,6 @@ import { DEFAULT_CLI_PROXY_LISTEN } from './defaults.js';
 import { addLinkOptions, runLink } from './link-commands.js';
 import { addMetricsOption, metricsFrom } from './metrics-options.js';
 import { layoutFrom, logLevelOption, loggerFrom, loopbackHttpUrl, parseOption } from './options.js';
-
-/** Where apply writes token files unless a binding or the catalog names another path. */
-export function defaultTokenDirs(stateDir: string): string[] {
-  const layout = stateLayout(stateDir);
-  return [layout.forwarderDir, layout.cliProxyDir];
-}
 
 export function registerRenewCommands(program: Command): void {
   const renew = program.command('renew').description('token renewal: fetch (holds the host credential) and apply (writes token files)');

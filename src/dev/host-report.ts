@@ -101,7 +101,7 @@ export function describeChange(prev: HostView, next: HostView, config: Pick<Host
 
 /**
  * apply's pass writes the registry first, deletes the token files after and
- * applied-state.json last (src/renew/reconcile.ts), and a look can fall in between: the
+ * applied-state.json last (src/apply/reconcile.ts), and a look can fall in between: the
  * entry is gone with its file still there. While applied-state has not moved on, such an
  * entry still counts as served, so its disconnect is told once the pass is done, with the
  * file as the pass left it ("deleted", or really "still present"). Pure but for the stat.

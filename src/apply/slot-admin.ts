@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import { unlink } from 'node:fs/promises';
-import { writeSlotFile } from './apply.js';
+import { writeSlotFile } from './inbox.js';
 import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths } from '../data/handoff.js';
 
 /** `bind`: make the slot known to fetch (no token yet → renewed at once). Idempotent. */

@@ -50,3 +50,9 @@ export async function tokenFilesFor(slot: string, config: TargetConfig): Promise
   if (Object.hasOwn(catalog, parsed.id)) return [(catalog[parsed.id] as { tokenFile: string }).tokenFile];
   return [stateLayout(config.stateDir).providerToken(parsed.id)];
 }
+
+/** Where apply writes token files unless a binding or the catalog names another path. */
+export function defaultTokenDirs(stateDir: string): string[] {
+  const layout = stateLayout(stateDir);
+  return [layout.forwarderDir, layout.cliProxyDir];
+}

@@ -11,9 +11,9 @@ import {
 import { join } from 'node:path';
 import t from 'tap';
 import { stateLayout } from '../../src/data/state-layout.js';
-import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/renew/apply.js';
+import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/apply/inbox.js';
 import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { tokenFilesFor, type TargetConfig } from '../../src/renew/token-targets.js';
+import { tokenFilesFor, type TargetConfig } from '../../src/apply/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
 import type { RenewOk } from '../../src/data/renew-wire.js';
 import { memoryLogger, type LogRecord } from '../support/memory-log.js';

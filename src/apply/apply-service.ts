@@ -5,7 +5,7 @@ import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
-import { applyInbox, type ApplyDeps } from './apply.js';
+import { applyInbox, type ApplyDeps } from './inbox.js';
 import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
 
 export interface ApplyConfig {

@@ -7,7 +7,7 @@ import type { Catalog } from '../../src/data/catalog.js';
 import type { DesiredState } from '../../src/data/desired-state.js';
 import { handoffPaths, readSlots } from '../../src/data/handoff.js';
 import { stateLayout } from '../../src/data/state-layout.js';
-import { planReconcile, reconcileDesiredState, type ReconcileDeps } from '../../src/renew/reconcile.js';
+import { planReconcile, reconcileDesiredState, type ReconcileDeps } from '../../src/apply/reconcile.js';
 import { memoryLogger } from '../support/memory-log.js';
 import type { TapTest } from '../support/tap.js';
 

@@ -1,9 +1,9 @@
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { writeSlotFile } from '../../src/renew/apply.js';
+import { writeSlotFile } from '../../src/apply/inbox.js';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { ensureSlot, retireSlot } from '../../src/renew/slot-admin.js';
+import { ensureSlot, retireSlot } from '../../src/apply/slot-admin.js';
 import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
