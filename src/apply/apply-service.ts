@@ -5,23 +5,29 @@ import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
+import type { StateLayout } from '../data/state-layout.js';
+import type { TokenLayout } from '../data/token-path.js';
 import { applyInbox, type ApplyDeps } from './inbox.js';
+import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
+import { defaultTokenDirs, tokenTargets } from './token-targets.js';
 
 export interface ApplyConfig {
   watch: boolean;
   /** In watch mode, a full scan at least this often in case a file event was missed. */
   rescanMs: number;
   paths: ApplyDeps['paths'];
-  tokenFilesFor: ApplyDeps['tokenFilesFor'];
-  /** The state directories the token files go to by default (checked writable at start). */
-  tokenDirs: readonly string[];
   /**
-   * Reconcile of `<handoff>/desired-state.json` (SPEC §8): where the registry and catalog
-   * go, token paths, and the shim renderer (injected by the CLI). Without it, or without
-   * the file, apply does only what it always did.
+   * Where the registry and the catalog are (flags may move them) and the default token
+   * files (whose directories are checked writable at start).
    */
-  reconcile?: Pick<ReconcileDeps, 'layout' | 'instancesPath' | 'providersPath' | 'renderShims'>;
+  layout: Pick<StateLayout, 'instances' | 'providers' | 'forwarderDir' | 'cliProxyDir'> & TokenLayout;
+  /**
+   * Reconcile of `<handoff>/desired-state.json` (SPEC §8), with the shim renderer
+   * (injected by the CLI). Without it, or without the file, apply does only what it
+   * always did.
+   */
+  reconcile?: Pick<ReconcileDeps, 'renderShims'>;
   /** Tokens applied, ignored and rejected (`--metrics-listen`). */
   metrics?: ApplyMetrics | undefined;
 }
@@ -41,8 +47,10 @@ export function createApplyService(config: ApplyConfig): Service {
       await checkWritableDir(paths.root, 'the hand-off directory');
       await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
       await checkWritableDir(paths.slots, 'the hand-off slot files');
-      for (const dir of config.tokenDirs) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
-      const deps: ApplyDeps = { paths, tokenFilesFor: config.tokenFilesFor, log, signal };
+      for (const dir of defaultTokenDirs(config.layout)) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
+      // Read once here; after that reconcile's writes are kept, not read back.
+      const local = localConfigFiles(config.layout);
+      const deps: ApplyDeps = { paths, tokenFilesFor: tokenTargets(local, config.layout), log, signal };
       const memo: { lastDigest?: string } = {};
       // desired-state.json (megabytes with 10 000 bindings) is read again only when it was
       // renamed in, on SIGHUP, or on the periodic rescan: not for every token in the inbox.
@@ -54,7 +62,7 @@ export function createApplyService(config: ApplyConfig): Service {
           if (config.reconcile && (stateDirty || Date.now() - lastStateCheck >= config.rescanMs)) {
             stateDirty = false;
             lastStateCheck = Date.now();
-            await reconcileDesiredState({ ...config.reconcile, paths, log, signal, memo });
+            await reconcileDesiredState({ ...config.reconcile, layout: config.layout, local, paths, log, signal, memo });
           }
           const stats = await applyInbox({
             ...deps,

@@ -9,12 +9,12 @@ import {
   emptySlotFile,
   inboxFileSchema,
   readSlotFile,
-  slotFileName,
   slotOfFileName,
   type HandoffPaths,
   type SlotFile,
 } from '../data/handoff.js';
 import { parseJsonWith } from '../data/parse.js';
+import { deleteFile, writeSlotFile } from './slot-admin.js';
 
 export interface ApplyDeps {
   paths: HandoffPaths;
@@ -112,14 +112,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   if ('revoked' in msg) {
     // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
     let deleted = 0;
-    for (const file of await deps.tokenFilesFor(slot)) {
-      try {
-        await unlink(file);
-        deleted += 1;
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      }
-    }
+    for (const file of await deps.tokenFilesFor(slot)) if (await deleteFile(file)) deleted += 1;
     await writeSlotFile(paths, { ...current, slot, revoked: true });
     await removeIfSame(path, ino);
     stats.applied += 1;
@@ -179,12 +172,6 @@ async function sweepOnce(dir: string): Promise<void> {
 
 function stampOf(ms: number): string {
   return new Date(ms).toISOString().replace(/[:.]/g, '-');
-}
-
-export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
-  await mkdir(paths.slots, { recursive: true, mode: 0o770 });
-  // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
-  await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
 }
 
 /**

@@ -1,18 +1,19 @@
 import { createHash } from 'node:crypto';
-import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
+import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
-import { readCatalog, type Catalog } from '../data/catalog.js';
+import type { Catalog } from '../data/catalog.js';
 import { parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
-import { readInstances, type InstancesFile } from '../data/registry.js';
+import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
-import type { StateLayout } from '../data/state-layout.js';
+import { tokenPath, type TokenLayout } from '../data/token-path.js';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
-import { ensureSlot, retireSlot } from './slot-admin.js';
+import type { LocalConfigFiles, RememberedFile } from './local-config.js';
+import { deleteFile, ensureSlot, retireSlot } from './slot-admin.js';
 
 /**
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
@@ -22,7 +23,7 @@ import { ensureSlot, retireSlot } from './slot-admin.js';
  *   2. instances.json and providers.json, atomically, 0600
  *   3. for what is gone: token file deleted, then its slot retired (the slot file is the
  *      durable reminder, so a crash between the two still cleans up on the next run)
- *   4. shims re-rendered (injected: renew must not import shims/)
+ *   4. shims re-rendered (injected: apply must not import shims/)
  *   5. applied-state.json
  * A crash anywhere before 5 leaves the version not in force, and the next run re-applies
  * it; every step is idempotent.
@@ -54,17 +55,16 @@ export interface ReconcilePlan {
 const sameJson = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
 
 /** The default token file of a slot (where apply wrote it when no config named one). */
-function defaultTokenFile(slot: string, layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>): string | undefined {
-  const parsed = parseSlotId(slot);
-  if (!parsed) return undefined;
-  return parsed.kind === 'instance' ? layout.instanceToken(parsed.id) : layout.providerToken(parsed.id);
+function defaultTokenFile(slot: string, layout: TokenLayout): string | undefined {
+  const owner = parseSlotId(slot);
+  return owner && tokenPath(owner, layout);
 }
 
 /** Current vs desired → what to write, create, retire and delete. Pure. */
 export function planReconcile(
   current: ReconcileCurrent,
   desired: DesiredState,
-  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>,
+  layout: TokenLayout,
 ): ReconcilePlan {
   const { instances, catalog } = toLocalConfig(desired, layout);
   const wanted = slotsOf(desired);
@@ -93,9 +93,9 @@ export function planReconcile(
 
 export interface ReconcileDeps {
   paths: HandoffPaths;
-  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>;
-  instancesPath: string;
-  providersPath: string;
+  layout: TokenLayout;
+  /** The registry and the catalog: read at start or when changed by someone else, else as apply wrote them. */
+  local: LocalConfigFiles;
   /** Re-renders the shims for the catalog now in force (the CLI wires shims/ in). */
   renderShims?: (catalog: Catalog) => Promise<void>;
   log: Logger;
@@ -112,7 +112,6 @@ export type ReconcileOutcome =
   | { kind: 'stale'; version: number; inForce: number }
   | { kind: 'applied'; version: number; plan: ReconcilePlan };
 
-/** Deletes a file; gone already is fine. */
 /**
  * Each slot file is its own durable write (two fsyncs); one after the other, a state of
  * 10 000 new bindings spent minutes waiting on the disk. A few at a time keep the disk
@@ -135,25 +134,16 @@ async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
   return new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
 }
 
-export async function deleteFile(path: string): Promise<boolean> {
-  try {
-    await unlink(path);
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
-  }
-}
-
 async function writeAppliedState(paths: HandoffPaths, state: AppliedState): Promise<void> {
   await atomicWrite(appliedStatePath(paths.root), `${JSON.stringify(state)}\n`, { mode: 0o640 });
 }
 
-async function writeConfig(path: string, value: unknown): Promise<void> {
-  const dir = dirname(path);
+/** Writes the file and keeps what was written: the next token for a slot does not read it back. */
+async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise<void> {
+  const dir = dirname(file.path);
   await mkdir(dir, { recursive: true, mode: 0o700 });
-  await sweepStaleTemps(dir, { target: basename(path) });
-  await atomicWrite(path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) });
+  await sweepStaleTemps(dir, { target: basename(file.path) });
+  file.wrote(value, await atomicWrite(file.path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) }));
 }
 
 /** The version only, from a state that failed validation (for the rejected record). */
@@ -206,8 +196,8 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const current: ReconcileCurrent = {
       // A hand-edited file apply cannot read is replaced; its token files are then found
       // through the slot files only.
-      instances: await readInstances(deps.instancesPath).catch(() => ({})),
-      catalog: await readCatalog(deps.providersPath).catch(() => ({})),
+      instances: await deps.local.instances.get().catch(() => ({})),
+      catalog: await deps.local.catalog.get().catch(() => ({})),
       // Names only: what exists is what may need retiring (10 000 files need not be read).
       slots: await slotIdsPresent(paths),
     };
@@ -217,9 +207,9 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     await eachInParallel(plan.ensureSlots, (slot) => ensureSlot(paths, slot));
     crashPoint('reconcile-after-slots');
     // 2. the registry and the catalog.
-    if (plan.writeInstances) await writeConfig(deps.instancesPath, plan.instances);
+    if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
     crashPoint('reconcile-after-registry-write');
-    if (plan.writeCatalog) await writeConfig(deps.providersPath, plan.catalog);
+    if (plan.writeCatalog) await writeConfig(deps.local.catalog, plan.catalog);
     crashPoint('reconcile-after-catalog-write');
     // 3. what is gone: token file first, then the slot (the slot file is the reminder).
     let deleted = 0;

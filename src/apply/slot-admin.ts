@@ -1,7 +1,24 @@
+import { mkdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import { unlink } from 'node:fs/promises';
-import { writeSlotFile } from './inbox.js';
-import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths } from '../data/handoff.js';
+import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
+import { atomicWrite } from '../fs/atomic-write.js';
+
+export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
+  await mkdir(paths.slots, { recursive: true, mode: 0o770 });
+  // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
+  await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
+}
+
+/** Deletes a file; gone already is fine. */
+export async function deleteFile(path: string): Promise<boolean> {
+  try {
+    await unlink(path);
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
+  }
+}
 
 /** `bind`: make the slot known to fetch (no token yet → renewed at once). Idempotent. */
 export async function ensureSlot(paths: HandoffPaths, slot: string): Promise<boolean> {
@@ -12,12 +29,6 @@ export async function ensureSlot(paths: HandoffPaths, slot: string): Promise<boo
 }
 
 /** `unbind` of the last binding of an instance: fetch stops renewing it. */
-export async function retireSlot(paths: HandoffPaths, slot: string): Promise<boolean> {
-  try {
-    await unlink(join(paths.slots, slotFileName(slot)));
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
-  }
+export function retireSlot(paths: HandoffPaths, slot: string): Promise<boolean> {
+  return deleteFile(join(paths.slots, slotFileName(slot)));
 }

@@ -26,7 +26,6 @@ import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
 import { createApplyService } from '../apply/apply-service.js';
 import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
-import { defaultTokenDirs, tokenFilesFor } from '../apply/token-targets.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createNotifier } from '../service/sd-notify.js';
@@ -193,17 +192,12 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       },
       log,
     );
-    const targets = { stateDir, instancesPath: layout.instances, providersPath: layout.providers };
     const apply = createApplyService({
       watch: true,
       rescanMs: 30_000,
       paths,
-      tokenFilesFor: (s) => tokenFilesFor(s, targets),
-      tokenDirs: defaultTokenDirs(stateDir),
+      layout,
       reconcile: {
-        layout,
-        instancesPath: layout.instances,
-        providersPath: layout.providers,
         renderShims: async (catalog) => {
           const r = await installShims(catalog, shimDir, await cliProxyUrl);
           log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');

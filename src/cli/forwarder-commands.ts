@@ -8,6 +8,7 @@ import { z } from 'zod';
 import { handoffPaths } from '../data/handoff.js';
 import { ensureSlot, retireSlot } from '../apply/slot-admin.js';
 import { instanceSlot } from '../data/renew-wire.js';
+import { tokenPath } from '../data/token-path.js';
 import { ConfigError } from '../errors.js';
 import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
@@ -90,7 +91,7 @@ export function registerForwarderCommands(program: Command): void {
         {
           instanceId: opts.instanceId,
           upstreamUrl: opts.upstream,
-          tokenFile: opts.tokenFile ? resolve(opts.tokenFile) : layout.instanceToken(opts.instanceId ?? ''),
+          tokenFile: tokenPath({ kind: 'instance', id: opts.instanceId ?? '' }, layout, opts.tokenFile ? resolve(opts.tokenFile) : undefined),
         },
         'bind',
       );

@@ -3,7 +3,6 @@ import { type Command } from 'commander';
 import { ConfigError } from '../errors.js';
 import { createApplyService } from '../apply/apply-service.js';
 import { handoffPaths } from '../data/handoff.js';
-import { defaultTokenDirs, tokenFilesFor } from '../apply/token-targets.js';
 import { createApplyMetrics } from '../metrics/renewal-metrics.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices } from '../service/service.js';
@@ -36,7 +35,6 @@ export function registerRenewCommands(program: Command): void {
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const log = loggerFrom(opts);
       const layout = layoutFrom(opts);
-      const targets = { stateDir: layout.root, instancesPath: layout.instances, providersPath: layout.providers };
       const shimDir = resolve(typeof opts.shimDir === 'string' ? opts.shimDir : defaultShimDir(layout.root));
       const proxyUrl = new URL(parseOption(loopbackHttpUrl, opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`, '--proxy-url')).origin;
       const metrics = metricsFrom(opts, 'apply');
@@ -45,12 +43,8 @@ export function registerRenewCommands(program: Command): void {
         watch: Boolean(opts.watch),
         rescanMs: 30_000,
         paths: handoffPaths(layout.handoff),
-        tokenFilesFor: (slot) => tokenFilesFor(slot, targets),
-        tokenDirs: defaultTokenDirs(layout.root),
+        layout,
         reconcile: {
-          layout,
-          instancesPath: layout.instances,
-          providersPath: layout.providers,
           renderShims: async (catalog) => {
             const r = await installShims(catalog, shimDir, proxyUrl);
             log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');

@@ -3,7 +3,7 @@ import { commandSchema, duplicateCommand, providerNameSchema, providerSchema, ty
 import { parseJsonWith, type ParseResult } from './parse.js';
 import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
 import { cliSlot, instanceSlot } from './renew-wire.js';
-import type { StateLayout } from './state-layout.js';
+import { tokenPath, type TokenLayout } from './token-path.js';
 
 /**
  * The desired state of an enrolled host (SPEC §8): the whole set of bindings and providers
@@ -103,17 +103,14 @@ export function slotsOf(state: Pick<DesiredState, 'bindings' | 'providers'>): Se
  * chosen by the host (the layout's defaults, SPEC §2). Pure; the caller writes them.
  * Object.fromEntries defines own properties, so no key can reach a prototype.
  */
-export function toLocalConfig(
-  state: DesiredState,
-  layout: Pick<StateLayout, 'instanceToken' | 'providerToken'>,
-): { instances: InstancesFile; catalog: Catalog } {
+export function toLocalConfig(state: DesiredState, layout: TokenLayout): { instances: InstancesFile; catalog: Catalog } {
   const instances: InstancesFile = Object.fromEntries(
-    Object.entries(state.bindings).map(([id, b]) => [id, { instanceId: b.instanceId, upstreamUrl: b.upstreamUrl, tokenFile: layout.instanceToken(b.instanceId) }]),
+    Object.entries(state.bindings).map(([id, b]) => [id, { instanceId: b.instanceId, upstreamUrl: b.upstreamUrl, tokenFile: tokenPath({ kind: 'instance', id: b.instanceId }, layout) }]),
   );
   const catalog: Catalog = Object.fromEntries(
     Object.entries(state.providers).map(([name, p]) => [
       name,
-      { upstream: p.upstream, tokenFile: layout.providerToken(name), inject: p.inject, commands: p.commands },
+      { upstream: p.upstream, tokenFile: tokenPath({ kind: 'cli', id: name }, layout), inject: p.inject, commands: p.commands },
     ]),
   );
   return { instances, catalog };

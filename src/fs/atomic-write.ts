@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fchmodSync, lstatSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, type Stats, fchmodSync, lstatSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { processAlive } from './process-alive.js';
@@ -21,9 +21,11 @@ export interface AtomicWriteOptions {
  * a partial one, even across a crash: temp file in the same directory, opened exclusively
  * with the final mode and O_NOFOLLOW, fsync, rename over the target, fsync the directory.
  * A symlink at the target is refused: rename would replace the link, silently changing
- * which file the operator thinks is being written.
+ * which file the operator thinks is being written. Returns the new file's stat (rename
+ * keeps the inode): a caller can later tell its own file from a replaced one without
+ * reading it back.
  */
-export async function atomicWrite(path: string, data: string | Uint8Array, options: AtomicWriteOptions = {}): Promise<void> {
+export async function atomicWrite(path: string, data: string | Uint8Array, options: AtomicWriteOptions = {}): Promise<Stats> {
   const mode = options.mode ?? 0o600;
   const dir = dirname(path);
   try {
@@ -35,6 +37,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
   }
   const tmp = tempPathFor(dir, basename(path));
   const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
+  let written: Stats;
   try {
     if (options.midWrite) {
       const bytes = typeof data === 'string' ? Buffer.from(data) : data;
@@ -49,6 +52,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
     await fh.chmod(mode);
     if (options.owner) await fh.chown(options.owner.uid, options.owner.gid);
     await fh.sync();
+    written = await fh.stat();
   } catch (err) {
     await fh.close().catch(() => undefined);
     await unlink(tmp).catch(() => undefined);
@@ -62,6 +66,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
     throw err;
   }
   await fsyncDir(dir);
+  return written;
 }
 
 /**

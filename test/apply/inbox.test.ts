@@ -8,12 +8,13 @@ import {
   symlinkSync,
   writeFileSync,
 } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import t from 'tap';
-import { stateLayout } from '../../src/data/state-layout.js';
-import { applyInbox, isNewer, writeSlotFile, type ApplyDeps } from '../../src/apply/inbox.js';
+import { stateLayout, type StateLayout } from '../../src/data/state-layout.js';
+import { applyInbox, isNewer, type ApplyDeps } from '../../src/apply/inbox.js';
+import { localConfigFiles } from '../../src/apply/local-config.js';
 import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { tokenFilesFor, type TargetConfig } from '../../src/apply/token-targets.js';
+import { tokenTargets } from '../../src/apply/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
 import type { RenewOk } from '../../src/data/renew-wire.js';
 import { memoryLogger, type LogRecord } from '../support/memory-log.js';
@@ -366,34 +367,17 @@ t.test('a token file path that is a symlink is not followed; the inbox file stay
   t.notOk(existsSync(join(e.p.slots, `${SLOT}.json`)), 'slot file not advanced');
 });
 
-t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
-  const e = env();
-  const s: SlotFile = { slot: 'cli:x', tokenId: 't', expiresAt: '2030-01-01T00:00:00.000Z', generation: 4 };
-  await writeSlotFile(e.p, s);
-  t.equal(modeOf(join(e.p.slots, 'cli:x.json')), 0o640);
-  t.strictSame(await readSlotFile(e.p, 'cli:x'), s);
-});
+// ───────────────────────────── with real token targets ─────────────────────────────
 
-// ───────────────────────────── token targets ─────────────────────────────
-
-function targets(): TargetConfig & { root: string } {
+function targets(): { root: string; layout: StateLayout; tokenFilesFor: ApplyDeps['tokenFilesFor'] } {
   const root = tempDir('ac-targets-', t);
-  return {
-    root,
-    stateDir: join(root, 'state'),
-    instancesPath: join(root, 'state', 'mcp-forwarder', 'instances.json'),
-    providersPath: join(root, 'state', 'cli-proxy', 'providers.json'),
-  };
+  const layout = stateLayout(join(root, 'state'));
+  return { root, layout, tokenFilesFor: tokenTargets(localConfigFiles(layout), layout) };
 }
 
-function writeInstances(c: TargetConfig, content: unknown): void {
-  mkdirSync(join(c.stateDir, 'mcp-forwarder'), { recursive: true });
-  writeFileSync(c.instancesPath, JSON.stringify(content, null, 2), { mode: 0o600 });
-}
-
-function writeProviders(c: TargetConfig, content: string): void {
-  mkdirSync(join(c.stateDir, 'cli-proxy'), { recursive: true });
-  writeFileSync(c.providersPath, content, { mode: 0o600 });
+function writeConfig(path: string, content: string): void {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, content, { mode: 0o600 });
 }
 
 const binding = (instanceId: string, tokenFile: string): { instanceId: string; upstreamUrl: string; tokenFile: string } => ({
@@ -402,91 +386,12 @@ const binding = (instanceId: string, tokenFile: string): { instanceId: string; u
   tokenFile,
 });
 
-t.test('tokenFilesFor instance slots: no binding → the §2 default path', async (t) => {
-  const c = targets();
-  const want = [join(c.stateDir, 'mcp-forwarder', 'inst-1.token')];
-  t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'no instances.json');
-  t.strictSame(want, [stateLayout(c.stateDir).instanceToken('inst-1')]);
-  writeInstances(c, { bindingAAAAAAAA: binding('other', '/srv/other.token') });
-  t.strictSame(await tokenFilesFor('instance:inst-1', c), want, 'only other instances bound');
-});
-
-t.test('tokenFilesFor instance slots: one binding → its tokenFile', async (t) => {
-  const c = targets();
-  writeInstances(c, {
-    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/one.token'),
-    bindingBBBBBBBB: binding('other', '/srv/tokens/other.token'),
-  });
-  t.strictSame(await tokenFilesFor('instance:inst-1', c), ['/srv/tokens/one.token']);
-});
-
-t.test('tokenFilesFor instance slots: two bindings → both distinct files, or one when shared', async (t) => {
-  const c = targets();
-  writeInstances(c, {
-    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/a.token'),
-    bindingBBBBBBBB: binding('inst-1', '/srv/tokens/b.token'),
-  });
-  t.strictSame((await tokenFilesFor('instance:inst-1', c)).sort(), ['/srv/tokens/a.token', '/srv/tokens/b.token']);
-  writeInstances(c, {
-    bindingAAAAAAAA: binding('inst-1', '/srv/tokens/a.token'),
-    bindingBBBBBBBB: binding('inst-1', '/srv/tokens/a.token'),
-  });
-  t.strictSame(await tokenFilesFor('instance:inst-1', c), ['/srv/tokens/a.token'], 'shared file listed once');
-});
-
-t.test('tokenFilesFor instance slots: an invalid instances.json throws', async (t) => {
-  const c = targets();
-  mkdirSync(join(c.stateDir, 'mcp-forwarder'), { recursive: true });
-  writeFileSync(c.instancesPath, '{"bindingAAAAAAAA": {"instanceId": "inst-1", "tokenFile": "relative"}}');
-  await t.rejects(tokenFilesFor('instance:inst-1', c));
-});
-
-t.test('tokenFilesFor cli slots: without providers.json → <state>/cli-proxy/<provider>.token', async (t) => {
-  const c = targets();
-  t.strictSame(await tokenFilesFor('cli:notion', c), [join(c.stateDir, 'cli-proxy', 'notion.token')]);
-});
-
-t.test('tokenFilesFor cli slots: with providers.json → the catalog tokenFile, else the default', async (t) => {
-  const c = targets();
-  writeProviders(
-    c,
-    JSON.stringify({
-      notion: {
-        upstream: 'https://api.notion.com',
-        tokenFile: '/srv/cli/notion.token',
-        inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' },
-        commands: [{ name: 'ntn', env: { NOTION_TOKEN: '{placeholder}' } }],
-      },
-    }),
-  );
-  t.strictSame(await tokenFilesFor('cli:notion', c), ['/srv/cli/notion.token']);
-  t.strictSame(await tokenFilesFor('cli:github', c), [join(c.stateDir, 'cli-proxy', 'github.token')], 'provider not in the catalog');
-});
-
-t.test('tokenFilesFor cli slots: an invalid providers.json throws', async (t) => {
-  const c = targets();
-  for (const bad of ['{not json', '[]', '"x"', JSON.stringify({ notion: { tokenFile: 'relative/path' } }), JSON.stringify({ notion: { tokenFile: 42 } }), JSON.stringify({ notion: 'x' })]) {
-    writeProviders(c, bad);
-    const err = await tokenFilesFor('cli:notion', c).then(
-      () => undefined,
-      (e: unknown) => e as Error,
-    );
-    t.ok(err, `rejects: ${bad}`);
-    t.notMatch(err?.message ?? '', 'not json', 'the error names the file, never quotes it');
-  }
-});
-
-t.test('tokenFilesFor: an invalid slot id throws', async (t) => {
-  const c = targets();
-  for (const s of ['inst-1', 'instance:', 'instance:a/b', 'other:x']) await t.rejects(tokenFilesFor(s, c), s);
-});
-
 t.test('applyInbox with real token targets: one token written to every bound file', async (t) => {
   const c = targets();
   const a = join(c.root, 'tokens', 'a.token');
   const b = join(c.root, 'tokens', 'b.token');
-  writeInstances(c, { bindingAAAAAAAA: binding('inst-1', a), bindingBBBBBBBB: binding('inst-1', b) });
-  const e = env({ tokenFilesFor: (slot) => tokenFilesFor(slot, c) });
+  writeConfig(c.layout.instances, JSON.stringify({ bindingAAAAAAAA: binding('inst-1', a), bindingBBBBBBBB: binding('inst-1', b) }));
+  const e = env({ tokenFilesFor: c.tokenFilesFor });
   putBody(e.p, body());
   t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 });
   for (const f of [a, b]) {
@@ -497,8 +402,8 @@ t.test('applyInbox with real token targets: one token written to every bound fil
 
 t.test('applyInbox with an invalid providers.json: the cli token is neither applied nor lost', async (t) => {
   const c = targets();
-  writeProviders(c, '{not json');
-  const e = env({ tokenFilesFor: (slot) => tokenFilesFor(slot, c) });
+  writeConfig(c.layout.providers, '{not json');
+  const e = env({ tokenFilesFor: c.tokenFilesFor });
   const cliBody = body({ slot: 'cli:notion' });
   putBody(e.p, cliBody, 'cli:notion');
   const stats = await applyInbox(e.deps);
@@ -509,8 +414,8 @@ t.test('applyInbox with an invalid providers.json: the cli token is neither appl
   t.ok(e.records.some((r) => r.level === 50), 'the failure is logged');
   for (const line of e.lines) t.notMatch(line, cliBody.token);
 
-  writeProviders(
-    c,
+  writeConfig(
+    c.layout.providers,
     JSON.stringify({
       notion: {
         upstream: 'https://api.notion.com',

@@ -1,13 +1,16 @@
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { readAppliedState } from '../../src/data/applied-state.js';
-import type { Catalog } from '../../src/data/catalog.js';
+import { readCatalog, type Catalog } from '../../src/data/catalog.js';
 import type { DesiredState } from '../../src/data/desired-state.js';
 import { handoffPaths, readSlots } from '../../src/data/handoff.js';
+import { readInstances } from '../../src/data/registry.js';
 import { stateLayout } from '../../src/data/state-layout.js';
+import { localConfigFiles, RememberedFile } from '../../src/apply/local-config.js';
 import { planReconcile, reconcileDesiredState, type ReconcileDeps } from '../../src/apply/reconcile.js';
+import { tokenTargets } from '../../src/apply/token-targets.js';
 import { memoryLogger } from '../support/memory-log.js';
 import type { TapTest } from '../support/tap.js';
 
@@ -72,8 +75,7 @@ function setup(t: TapTest): { deps: ReconcileDeps; root: string; rendered: Catal
   const deps: ReconcileDeps = {
     paths: handoffPaths(l.handoff),
     layout: l,
-    instancesPath: l.instances,
-    providersPath: l.providers,
+    local: localConfigFiles(l),
     renderShims: async (c) => void rendered.push(c),
     log,
     memo: {},
@@ -125,4 +127,35 @@ t.test('reconcile: an invalid state is rejected whole, the last good one kept, t
   write(state(0, {}, []));
   t.match(await reconcileDesiredState(deps), { kind: 'stale', version: 0, inForce: 1 }, 'older than in force: ignored');
   t.equal(readFileSync(l.instances, 'utf8'), good);
+});
+
+t.test('reconcile keeps what it wrote: token targets and the next version come from memory, not a read-back', async (t) => {
+  const { deps, root, write } = setup(t);
+  const l = stateLayout(root);
+  const reads = { instances: 0, catalog: 0 };
+  const counted = <T>(kind: keyof typeof reads, read: (path: string) => Promise<T>) => (path: string) => {
+    reads[kind] += 1;
+    return read(path);
+  };
+  deps.local = {
+    instances: new RememberedFile(l.instances, counted('instances', readInstances)),
+    catalog: new RememberedFile(l.providers, counted('catalog', readCatalog)),
+  };
+  const targetsOf = tokenTargets(deps.local, l);
+  write(state(1, { [B1]: 'i1' }, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
+  t.same(reads, { instances: 1, catalog: 1 }, 'read once, at start');
+  t.same(await targetsOf('instance:i1'), [l.instanceToken('i1')]);
+  t.same(await targetsOf('cli:gh'), [l.providerToken('gh')]);
+  write(state(2, { [B1]: 'i1', [B2]: 'i2' }, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 2 });
+  t.same(await targetsOf('instance:i2'), [l.instanceToken('i2')]);
+  t.same(reads, { instances: 1, catalog: 1 }, 'what was written is not read back');
+
+  // Someone else replaced the registry (an operator's edit): that is read.
+  const edited = { [B3]: { instanceId: 'i3', upstreamUrl: 'https://gw.example/i3', tokenFile: join(root, 'custom-i3.token') } };
+  writeFileSync(`${l.instances}.new`, JSON.stringify(edited));
+  renameSync(`${l.instances}.new`, l.instances);
+  t.same(await targetsOf('instance:i3'), [join(root, 'custom-i3.token')]);
+  t.same(reads, { instances: 2, catalog: 1 });
 });

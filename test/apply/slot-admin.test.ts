@@ -1,9 +1,8 @@
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { writeSlotFile } from '../../src/apply/inbox.js';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { ensureSlot, retireSlot } from '../../src/apply/slot-admin.js';
+import { ensureSlot, retireSlot, writeSlotFile } from '../../src/apply/slot-admin.js';
 import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
@@ -89,4 +88,12 @@ t.test('retireSlot: removes the slot file and reports whether there was one', as
   t.equal(await retireSlot(p, SLOT), false, 'second time: nothing to retire');
   t.strictSame((await readSlots(p)).slots.map((s) => s.slot), ['cli:notion'], 'the other slot is untouched');
   t.equal(await ensureSlot(p, SLOT), true, 'a retired slot can be bound again');
+});
+
+t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
+  const p = handoff();
+  const s: SlotFile = { slot: 'cli:x', tokenId: 't', expiresAt: '2030-01-01T00:00:00.000Z', generation: 4 };
+  await writeSlotFile(p, s);
+  t.equal(statSync(join(p.slots, 'cli:x.json')).mode & 0o777, 0o640);
+  t.strictSame(await readSlotFile(p, 'cli:x'), s);
 });

@@ -28,8 +28,15 @@ t.test('binary data is written byte for byte', async (t) => {
   t.ok(readFileSync(f).equals(Buffer.from(data)));
 });
 
+t.test('returns the written file\'s stat: the same inode, size and mtime the target then has', async (t) => {
+  const f = join(dir(), 'f');
+  const written = await atomicWrite(f, 'hello\n');
+  const st = statSync(f);
+  t.same([written.ino, written.size, written.mtimeMs], [st.ino, st.size, st.mtimeMs]);
+});
+
 /** Both writers keep the same promises to a reader; only durability and blocking differ. */
-const WRITERS: Array<[string, (path: string, data: string, options?: { mode?: number }) => Promise<void>]> = [
+const WRITERS: Array<[string, (path: string, data: string, options?: { mode?: number }) => Promise<unknown>]> = [
   ['atomicWrite', atomicWrite],
   ['atomicWriteSync', async (path, data, options) => atomicWriteSync(path, data, options)],
 ];
