@@ -25,7 +25,7 @@ import { createLinkServices } from '../link/link.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
 import { createApplyService } from '../renew/apply-service.js';
-import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { createFetchService, defaultFetchConfig } from '../link/renewal/renewal-service.js';
 import { tokenFilesFor } from '../renew/token-targets.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 import { defaultAuditUploadConfig } from '../link/audit-upload.js';

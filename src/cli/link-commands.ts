@@ -10,7 +10,7 @@ import { createLinkServices } from '../link/link.js';
 import { readPairingCode } from '../link/pairing-code.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
-import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { createFetchService, defaultFetchConfig } from '../link/renewal/renewal-service.js';
 import { createLinkMetrics } from '../metrics/link-metrics.js';
 import { createRenewalMetrics } from '../metrics/renewal-metrics.js';
 import { createNotifier } from '../service/sd-notify.js';

@@ -1,9 +1,9 @@
 import { mkdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { atomicWrite } from '../fs/atomic-write.js';
-import { parseJsonWith } from '../data/parse.js';
-import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../data/renew-wire.js';
+import { atomicWrite } from '../../fs/atomic-write.js';
+import { parseJsonWith } from '../../data/parse.js';
+import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../../data/renew-wire.js';
 
 /**
  * fetch's private, durable memory (in its own StateDirectory, unreadable to anyone else),

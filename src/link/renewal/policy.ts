@@ -1,6 +1,6 @@
-import type { FetchSlotState } from './fetch-state.js';
-import type { RenewOutcome } from './fetch.js';
-import type { SlotFile } from '../data/handoff.js';
+import type { FetchSlotState } from './renewal-state.js';
+import type { RenewOutcome } from './renew-slot.js';
+import type { SlotFile } from '../../data/handoff.js';
 import { backoffDelay, renewDueAt, type BackoffOptions, type TokenTimes } from './schedule.js';
 
 /**
@@ -92,7 +92,7 @@ export function dueAt(slot: SlotFile, saved: FetchSlotState, state: SlotPolicySt
   return Math.max(scheduled, state.notBefore);
 }
 
-export { credentialDigest, credentialGate, type CredentialGate } from '../net/credential-gate.js';
+export { credentialDigest, credentialGate, type CredentialGate } from '../../net/credential-gate.js';
 
 /**
  * A slot's bookkeeping after the credential changed: the backoff of failures (possibly the

@@ -1,7 +1,7 @@
 import t from 'tap';
-import type { RenewOutcome } from '../../src/renew/fetch.js';
-import type { FetchSlotState } from '../../src/renew/fetch-state.js';
-import type { SlotFile } from '../../src/data/handoff.js';
+import type { RenewOutcome } from '../../../src/link/renewal/renew-slot.js';
+import type { FetchSlotState } from '../../../src/link/renewal/renewal-state.js';
+import type { SlotFile } from '../../../src/data/handoff.js';
 import {
   REVOKED_PAUSE_MS,
   afterCredentialChange,
@@ -12,7 +12,7 @@ import {
   freshSlot,
   type Decision,
   type SlotPolicyState,
-} from '../../src/renew/policy.js';
+} from '../../../src/link/renewal/policy.js';
 
 const NOW = Date.parse('2030-01-01T00:00:00Z');
 const backoff = { baseMs: 1_000, capMs: 60_000 };

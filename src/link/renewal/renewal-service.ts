@@ -1,16 +1,16 @@
 import { join } from 'node:path';
-import { FetchIncompleteError } from '../errors.js';
-import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
-import { watchDir } from '../fs/dir-watch.js';
-import { SlotCache } from '../data/slot-cache.js';
-import type { Logger } from '../log/logger.js';
-import type { RenewalMetrics } from '../metrics/renewal-metrics.js';
-import { runLoop } from '../service/loop.js';
-import type { Service } from '../service/service.js';
-import { readTokenFile } from '../token/token-file.js';
-import { FetchState } from './fetch-state.js';
-import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
-import { handoffPaths, type SlotFile } from '../data/handoff.js';
+import { FetchIncompleteError } from '../../errors.js';
+import { checkWritableDir, sweepStaleTemps } from '../../fs/atomic-write.js';
+import { watchDir } from '../../fs/dir-watch.js';
+import { SlotCache } from '../../data/slot-cache.js';
+import type { Logger } from '../../log/logger.js';
+import type { RenewalMetrics } from '../../metrics/renewal-metrics.js';
+import { runLoop } from '../../service/loop.js';
+import type { Service } from '../../service/service.js';
+import { readTokenFile } from '../../token/token-file.js';
+import { FetchState } from './renewal-state.js';
+import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './renew-slot.js';
+import { handoffPaths, type SlotFile } from '../../data/handoff.js';
 import {
   afterCredentialChange,
   credentialDigest,

@@ -2,14 +2,14 @@ import { randomUUID } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Agent } from 'undici';
-import { atomicWrite } from '../fs/atomic-write.js';
-import type { Logger } from '../log/logger.js';
-import { crashPoint } from '../service/test-hooks.js';
-import { slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
-import { parseJsonWith } from '../data/parse.js';
-import type { FetchSlotState, FetchState } from './fetch-state.js';
+import { atomicWrite } from '../../fs/atomic-write.js';
+import type { Logger } from '../../log/logger.js';
+import { crashPoint } from '../../service/test-hooks.js';
+import { slotFileName, type HandoffPaths, type SlotFile } from '../../data/handoff.js';
+import { parseJsonWith } from '../../data/parse.js';
+import type { FetchSlotState, FetchState } from './renewal-state.js';
 import { parseRetryAfter } from './schedule.js';
-import { renewConflictSchema, renewOkSchema, renewUrl } from '../data/renew-wire.js';
+import { renewConflictSchema, renewOkSchema, renewUrl } from '../../data/renew-wire.js';
 
 export interface FetchDeps {
   gatewayUrl: string;
