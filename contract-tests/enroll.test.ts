@@ -96,7 +96,7 @@ t.test('no systemd: says how to start the link, still exits 0', async (t) => {
   });
   t.equal(r.code, 0, r.stderr);
   readCredential(s.credential);
-  t.match(r.stdout, /no systemd here: start the link yourself, e\.g\. agent-connectors link --gateway .* --host-id /);
+  t.match(r.stdout, /no systemd here: start the link yourself, e\.g\. agent-connectors link --credential \S+\n/);
   t.same(s.systemctlCalls(), [], 'systemctl not called');
 });
 

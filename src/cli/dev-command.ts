@@ -25,7 +25,7 @@ import { createLinkServices } from '../link/link.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
 import { createApplyService } from '../apply/apply-service.js';
-import { createFetchService, defaultFetchConfig } from '../renew/fetch-service.js';
+import { defaultRenewalConfig } from '../link/renewal/renewal-service.js';
 import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
 import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createNotifier } from '../service/sd-notify.js';
@@ -175,20 +175,16 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
     // Filled in as the proxies listen (a port may be 0); presence reads it at each report.
     const health: Record<string, string> = {};
 
-    const fetch = createFetchService({
-      ...defaultFetchConfig,
-      gatewayUrl: gateway.baseUrl,
-      credentialPath,
-      handoffDir: paths.root,
-      privateDir: layout.fetchPrivate,
-      metrics: metrics?.renewal,
-    });
     const link = createLinkServices(
       {
+        gatewayUrl: gateway.baseUrl,
         credentialPath,
-        poller: { ...defaultStatePollerConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root, metrics: metrics?.link },
-        presence: { ...defaultPresenceConfig, gatewayUrl: gateway.baseUrl, handoffDir: paths.root, hostId: enrolled.hostId, version, health },
-        audit: { ...defaultAuditUploadConfig, gatewayUrl: gateway.baseUrl, dir: layout.audit, minGapMs: 500 },
+        renewal: { ...defaultRenewalConfig, handoffDir: paths.root, privateDir: layout.fetchPrivate, metrics: metrics?.renewal },
+        enrolled: {
+          poller: { ...defaultStatePollerConfig, handoffDir: paths.root, metrics: metrics?.link },
+          presence: { ...defaultPresenceConfig, handoffDir: paths.root, hostId: enrolled.hostId, version, health },
+          audit: { ...defaultAuditUploadConfig, dir: layout.audit, minGapMs: 500 },
+        },
       },
       log,
     );
@@ -284,7 +280,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       },
     };
     // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
-    const services = [gatewayService, apply, fetch, ...link, report, cliProxy, forwarder];
+    const services = [gatewayService, apply, ...link, report, cliProxy, forwarder];
     if (metrics) services.push(metrics.service);
     await runServices(services, { log, notifier: createNotifier({ log, env: {} }) });
   } finally {

@@ -85,6 +85,19 @@ export function parseDesiredState(text: string): ParseResult<DesiredState> {
   return parseJsonWith(desiredStateSchema, text, KEY_DEPTHS);
 }
 
+/**
+ * The version alone, from JSON text that may fail validation: what makes a state final for
+ * its version even when apply rejects it (SPEC §8). null: not JSON, or no usable version.
+ */
+export function desiredStateVersion(text: string): number | null {
+  try {
+    const v: unknown = (JSON.parse(text) as { version?: unknown } | null)?.version;
+    return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null;
+  } catch {
+    return null;
+  }
+}
+
 /** The state with nothing in it, the Gateway's answer for a host with no connection yet. */
 export function emptyDesiredState(version = 0): DesiredState {
   return { version, bindings: {}, providers: {} };

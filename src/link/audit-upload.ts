@@ -1,5 +1,4 @@
 import { mkdir } from 'node:fs/promises';
-import { Agent } from 'undici';
 import { join } from 'node:path';
 import { atomicWrite } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
@@ -16,14 +15,13 @@ import {
   type UploadStatus,
   type AuditEvent,
 } from '../data/audit-event.js';
-import { linkUrl } from '../data/link-wire.js';
-import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
+import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import { postJson, type LinkCredential } from './credential.js';
+import { SMALL_ANSWER_BYTES } from './gateway-client.js';
+import type { HostCredential } from './host-credential.js';
 
 export interface AuditUploadConfig {
-  gatewayUrl: string;
   /** The spool the cli-proxy writes (group-readable and -writable for the link). */
   dir: string;
   backoff: BackoffOptions;
@@ -45,27 +43,28 @@ export const defaultAuditUploadConfig = {
 
 type UploadOutcome =
   | { kind: 'accepted'; accepted: number }
-  | { kind: 'credential_invalid' }
+  | { kind: 'halted' }
   | { kind: 'retry'; reason: string; retryAfterMs?: number };
 
-async function post(agent: Agent, config: AuditUploadConfig, credential: string, body: string, signal: AbortSignal): Promise<UploadOutcome> {
+async function post(config: AuditUploadConfig, credential: HostCredential, token: string, body: string, signal: AbortSignal): Promise<UploadOutcome> {
+  const answer = await credential.request(token, {
+    method: 'POST',
+    path: AUDIT_PATH,
+    body,
+    timeoutMs: config.requestTimeoutMs,
+    maxBodyBytes: SMALL_ANSWER_BYTES,
+    signal,
+  });
+  if (answer.kind === 'halted' || answer.kind === 'retry') return answer;
+  if (answer.kind === 'status' || answer.status !== 200) return { kind: 'retry', reason: `status ${answer.status}` };
+  let json: unknown;
   try {
-    const res = await postJson(agent, linkUrl(config.gatewayUrl, AUDIT_PATH), credential, body, signal);
-    const text = await res.body.text();
-    if (res.statusCode === 401) return { kind: 'credential_invalid' };
-    if (res.statusCode !== 200) return { kind: 'retry', reason: `status ${res.statusCode}`, retryAfterMs: parseRetryAfter(res.headers['retry-after'], Date.now()) };
-    let json: unknown;
-    try {
-      json = JSON.parse(text);
-    } catch {
-      return { kind: 'retry', reason: 'answer is not JSON' };
-    }
-    const answer = auditAnswerSchema.safeParse(json);
-    return answer.success ? { kind: 'accepted', accepted: answer.data.accepted } : { kind: 'retry', reason: 'answer is not {"accepted": n}' };
-  } catch (err) {
-    // The code only: an error's text can carry address details.
-    return { kind: 'retry', reason: `network: ${(err as { code?: string }).code ?? (signal.aborted ? 'aborted' : 'network_error')}` };
+    json = JSON.parse(answer.body);
+  } catch {
+    return { kind: 'retry', reason: 'answer is not JSON' };
   }
+  const accepted = auditAnswerSchema.safeParse(json);
+  return accepted.success ? { kind: 'accepted', accepted: accepted.data.accepted } : { kind: 'retry', reason: 'answer is not {"accepted": n}' };
 }
 
 /**
@@ -75,7 +74,7 @@ async function post(agent: Agent, config: AuditUploadConfig, credential: string,
  * the Gateway, idempotent by id, stores each once. 429 / 5xx / network: backoff with
  * jitter, never sooner than Retry-After. 401 halts the link with the state poll and presence.
  */
-export function createAuditUpload(config: AuditUploadConfig, credential: LinkCredential): Service {
+export function createAuditUpload(config: AuditUploadConfig, credential: HostCredential): Service {
   return {
     name: 'link-audit',
     async run({ signal, log, onReload }) {
@@ -83,7 +82,6 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
       // No setgid bit in the mode: the units' RestrictSUIDSGID= answers any mkdir that asks
       // for one with EPERM, even for a directory that exists. tmpfiles.d creates it 2770.
       await mkdir(config.dir, { recursive: true, mode: 0o770 });
-      const agent = new Agent({ headersTimeout: config.requestTimeoutMs, bodyTimeout: config.requestTimeoutMs, connect: { timeout: 10_000 } });
       let attempt = 0;
       let lastSent = 0;
       let sentDropped = -1;
@@ -123,12 +121,10 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
         }
         const body = JSON.stringify(auditUploadSchema.parse({ events: batch.map((b) => b.event), dropped }));
         lastSent = Date.now();
-        const { cut, value: outcome } = await credential.unlessHalted(signal, (s) => post(agent, config, read.credential, body, s));
+        const outcome = await post(config, credential, read.credential, body, signal);
         if (signal.aborted) return 0;
-        if (cut) return config.credentialRecheckMs;
         switch (outcome.kind) {
-          case 'credential_invalid':
-            credential.halt(read.credential);
+          case 'halted':
             return config.credentialRecheckMs;
           case 'retry': {
             attempt += 1;
@@ -192,7 +188,6 @@ export function createAuditUpload(config: AuditUploadConfig, credential: LinkCre
         });
       } finally {
         unwatch();
-        await agent.destroy().catch(() => undefined);
       }
     },
   };

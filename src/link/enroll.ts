@@ -1,15 +1,16 @@
 import { createHash, randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, unlink } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
-import { Agent } from 'undici';
+import { dirname } from 'node:path';
 import { execa } from 'execa';
 import { z } from 'zod';
-import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, linkUrl, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
+import { LINK_ENV_GATEWAY, LINK_ENV_HOST_ID, linkEnvPath } from '../data/link-env.js';
+import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
 import { parseJsonWith } from '../data/parse.js';
 import { ConfigError, EnrollError } from '../errors.js';
 import { atomicWrite, checkWritableDir } from '../fs/atomic-write.js';
-import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
+import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
+import { GatewayClient, SMALL_ANSWER_BYTES } from './gateway-client.js';
 import { hookEnabled } from '../service/test-hooks.js';
 
 /**
@@ -31,8 +32,7 @@ import { hookEnabled } from '../service/test-hooks.js';
 export const DEFAULT_CREDENTIAL_PATH = '/etc/agent-connectors/host-credential';
 /** The unit that holds the credential and runs `agent-connectors link` (named for its first job, renewal). */
 export const LINK_UNIT = 'agent-connectors-renew-fetch.service';
-export const GATEWAY_URL_ENV = 'AGENT_CONNECTORS_GATEWAY_URL';
-export const HOST_ID_ENV = 'AGENT_CONNECTORS_HOST_ID';
+export { LINK_ENV_GATEWAY as GATEWAY_URL_ENV, LINK_ENV_HOST_ID as HOST_ID_ENV };
 
 export interface LinkFiles {
   credential: string;
@@ -43,7 +43,7 @@ export interface LinkFiles {
 }
 
 export function linkFiles(credentialPath: string): LinkFiles {
-  return { credential: credentialPath, env: join(dirname(credentialPath), 'link.env'), pending: `${credentialPath}.enroll-pending` };
+  return { credential: credentialPath, env: linkEnvPath(credentialPath), pending: `${credentialPath}.enroll-pending` };
 }
 
 /** How enrol talks to systemd; replaced in unit tests. */
@@ -142,9 +142,8 @@ async function requestIdFor(files: LinkFiles, digest: string): Promise<string> {
 
 type Attempt = { kind: 'ok'; answer: EnrollOk } | { kind: 'retry'; reason: string; retryAfterMs?: number } | { kind: 'fail'; error: EnrollError };
 
-/** Never the error's own text: undici's can carry addresses; the code is enough. */
-function networkReason(err: unknown): string {
-  const code = (err as { code?: string; cause?: { code?: string } }).cause?.code ?? (err as { code?: string }).code ?? 'network_error';
+/** A network error code as the person at the terminal reads it. */
+function networkReason(code: string): string {
   const known: Record<string, string> = {
     ECONNREFUSED: 'connection refused',
     ENOTFOUND: 'host name not found',
@@ -159,30 +158,21 @@ function networkReason(err: unknown): string {
   return `${known[code] ?? 'network error'} (${code})`;
 }
 
-async function attempt(agent: Agent, url: URL, body: string, now: number): Promise<Attempt> {
-  let status: number;
-  let text: string;
-  let retryAfter: string | string[] | undefined;
-  try {
-    const res = await agent.request({
-      origin: url.origin,
-      path: url.pathname + url.search,
-      method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'application/json' },
-      body,
-    });
-    status = res.statusCode;
-    retryAfter = res.headers['retry-after'];
-    text = await res.body.text();
-  } catch (err) {
-    return { kind: 'retry', reason: networkReason(err) };
+async function attempt(client: GatewayClient, body: string): Promise<Attempt> {
+  const answer = await client.request({ method: 'POST', path: ENROLL_PATH, body, timeoutMs: 30_000, maxBodyBytes: SMALL_ANSWER_BYTES });
+  if (answer.kind === 'retry') {
+    const reason = answer.code !== undefined ? networkReason(answer.code) : answer.status !== undefined ? `HTTP ${answer.status}` : answer.reason;
+    return { kind: 'retry', reason, ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }) };
   }
+  // Enrol sends no credential, so no answer is `halted`: a 401 is the code's (below).
+  if (answer.kind === 'halted') return { kind: 'fail', error: new EnrollError('the Gateway refused enrolment (HTTP 401): get a new pairing code from the platform and run enroll again') };
+  const { status, body: text } = answer;
+  const url = client.url(ENROLL_PATH);
   if (status === 200) {
     const ok = parseJsonWith(enrollOkSchema, text);
     // The Gateway committed; asking again with the same requestId answers the same body.
     return ok.ok ? { kind: 'ok', answer: ok.value } : { kind: 'retry', reason: 'the answer was not a valid enrolment' };
   }
-  if (status === 429 || status >= 500) return { kind: 'retry', reason: `HTTP ${status}`, retryAfterMs: parseRetryAfter(retryAfter, now) };
   const code = parseJsonWith(linkErrorSchema, text);
   if (status === 401 && code.ok && code.value.error === 'code_invalid') {
     return {
@@ -239,16 +229,15 @@ export async function enroll(options: EnrollOptions): Promise<EnrollResult> {
   const digest = codeDigest(code);
   const requestId = await requestIdFor(files, digest);
 
-  const url = linkUrl(gatewayUrl, ENROLL_PATH);
   const body = JSON.stringify({ requestId, code, host: { hostname: options.hostname.slice(0, 253) || 'unknown', version: options.version } });
-  const agent = new Agent({ headersTimeout: 30_000, bodyTimeout: 30_000, connect: { timeout: 10_000 } });
+  const client = new GatewayClient(gatewayUrl);
   const sleep = options.sleep ?? ((ms: number) => new Promise<void>((r) => setTimeout(r, ms)));
   const backoff = options.backoff ?? DEFAULT_BACKOFF;
   const maxRetryAfterMs = options.maxRetryAfterMs ?? 60_000;
   let answer: EnrollOk | undefined;
   try {
     for (let i = 1; ; i++) {
-      const result = await attempt(agent, url, body, Date.now());
+      const result = await attempt(client, body);
       if (result.kind === 'ok') {
         answer = result.answer;
         break;
@@ -271,18 +260,19 @@ export async function enroll(options: EnrollOptions): Promise<EnrollResult> {
       await sleep(delay);
     }
   } finally {
-    await agent.close().catch(() => undefined);
+    await client.close();
   }
 
   await atomicWrite(files.credential, `${answer.credential}\n`, { mode: 0o600, owner: ownerRoot() });
   await atomicWrite(
     files.env,
-    `# Written by agent-connectors enroll; loaded by ${LINK_UNIT} (EnvironmentFile=).\n${GATEWAY_URL_ENV}=${gatewayUrl}\n${HOST_ID_ENV}=${answer.hostId}\n`,
+    `# Written by agent-connectors enroll; loaded by ${LINK_UNIT} (EnvironmentFile=).\n${LINK_ENV_GATEWAY}=${gatewayUrl}\n${LINK_ENV_HOST_ID}=${answer.hostId}\n`,
     { mode: 0o644, owner: ownerRoot() },
   );
   await unlink(files.pending).catch(() => undefined);
   say(`enrolled as host ${answer.hostId} at ${gatewayUrl}; credential in ${files.credential} (0600), Gateway URL in ${files.env}`);
-  const link = await restartLink(systemd, say, `agent-connectors link --gateway ${gatewayUrl} --credential ${files.credential} --host-id ${answer.hostId}`);
+  // link reads the Gateway URL and host id from link.env beside the credential.
+  const link = await restartLink(systemd, say, `agent-connectors link --credential ${files.credential}`);
   return { hostId: answer.hostId, files, link };
 }
 

@@ -1,7 +1,7 @@
 import { linkStatusPath, type LinkErrorCode, type LinkStatus } from '../data/link-status.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
-import type { LinkCredential } from './credential.js';
+import type { HostCredential } from './host-credential.js';
 
 /** What one turn of the state poll came to, as the status file records it. */
 export type PollEvent =
@@ -19,7 +19,7 @@ const MIN_SYNC_WRITE_GAP_MS = 1_000;
  * too, so the credential's halts are recorded here as well. Never throws: a status that
  * cannot be written must not stop the link (one warning, then silence until it works).
  */
-export function recordLinkStatus(handoffDir: string, credential: LinkCredential, log: Logger, now: () => number = Date.now): (e: PollEvent) => void {
+export function recordLinkStatus(handoffDir: string, credential: HostCredential, log: Logger, now: () => number = Date.now): (e: PollEvent) => void {
   const iso = (): string => new Date(now()).toISOString();
   let status: Omit<LinkStatus, 'updatedAt'> | undefined;
   let lastWrite = 0;

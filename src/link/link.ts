@@ -1,28 +1,61 @@
 import type { Logger } from '../log/logger.js';
 import type { Service } from '../service/service.js';
 import { createAuditUpload, type AuditUploadConfig } from './audit-upload.js';
-import { LinkCredential } from './credential.js';
+import { GatewayClient } from './gateway-client.js';
+import { HostCredential } from './host-credential.js';
 import { recordLinkStatus } from './link-status.js';
 import { createPresence, type PresenceConfig } from './presence.js';
+import { createRenewalService, type RenewalConfig } from './renewal/renewal-service.js';
 import { createStatePoller, type StatePollerConfig } from './state-poller.js';
 
 export interface LinkConfig {
+  gatewayUrl: string;
   credentialPath: string;
-  poller: Omit<StatePollerConfig, 'onHandedOver' | 'onPoll'>;
-  presence: PresenceConfig;
-  /** The native_cli audit upload (SPEC §9); undefined: not run. */
-  audit?: AuditUploadConfig | undefined;
+  renewal: RenewalConfig;
+  /** The state poll, presence and the audit upload: an enrolled host's (one with a host id). Undefined: renewals only. */
+  enrolled?:
+    | {
+        poller: Omit<StatePollerConfig, 'onHandedOver' | 'onPoll'>;
+        presence: PresenceConfig;
+        /** The native_cli audit upload (SPEC §9); undefined: not run. */
+        audit?: AuditUploadConfig | undefined;
+      }
+    | undefined;
 }
 
 /**
- * The link's own services (SPEC §8, §9), sharing one credential gate: the state poller,
- * presence and the audit upload. A state handed over makes presence report soon after. The renewal service runs
- * beside them in the same process (cli/link-commands.ts).
+ * The link (SPEC §8, §9): every part that holds the host credential, built as one. They
+ * share one Gateway client and one credential with one stop switch: renewal, and on an
+ * enrolled host the state poller, presence and the audit upload. A state handed over makes
+ * presence report soon after.
  */
 export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
-  const credential = new LinkCredential(config.credentialPath, log.child({ part: 'link' }));
-  const presence = createPresence(config.presence, credential);
-  const onPoll = recordLinkStatus(config.poller.handoffDir, credential, log.child({ part: 'link' }));
-  const poller = createStatePoller({ ...config.poller, onHandedOver: () => presence.changed(), onPoll }, credential);
-  return config.audit ? [poller, presence.service, createAuditUpload(config.audit, credential)] : [poller, presence.service];
+  const client = new GatewayClient(config.gatewayUrl);
+  const linkLog = log.child({ part: 'link' });
+  const credential = new HostCredential(config.credentialPath, client, linkLog);
+  const services = [createRenewalService(config.renewal, credential)];
+  const enrolled = config.enrolled;
+  if (enrolled) {
+    const presence = createPresence(enrolled.presence, credential);
+    const onPoll = recordLinkStatus(enrolled.poller.handoffDir, credential, linkLog);
+    services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll }, credential), presence.service);
+    if (enrolled.audit) services.push(createAuditUpload(enrolled.audit, credential));
+  }
+  return closingAfterLast(client, services);
+}
+
+/** The client's connections close once the last part using it has stopped. */
+function closingAfterLast(client: GatewayClient, services: Service[]): Service[] {
+  let running = services.length;
+  return services.map((svc) => ({
+    name: svc.name,
+    async run(ctx) {
+      try {
+        await svc.run(ctx);
+      } finally {
+        running -= 1;
+        if (running === 0) await client.close();
+      }
+    },
+  }));
 }

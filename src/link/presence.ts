@@ -4,17 +4,17 @@ import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { SlotCache, type SlotListing } from '../data/slot-cache.js';
 import { watchDir } from '../fs/dir-watch.js';
-import { linkUrl, PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
+import { PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
 import { presenceProblems, type PartHealth } from '../data/problem-codes.js';
 import type { Logger } from '../log/logger.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import { postJson, type LinkCredential } from './credential.js';
+import { SMALL_ANSWER_BYTES } from './gateway-client.js';
+import type { HostCredential } from './host-credential.js';
 
 export type { PartHealth };
 
 export interface PresenceConfig {
-  gatewayUrl: string;
   handoffDir: string;
   hostId: string;
   version: string;
@@ -25,11 +25,13 @@ export interface PresenceConfig {
   /** Least time between two reports (a burst of changes makes one report). */
   minGapMs: number;
   healthTimeoutMs: number;
+  /** For the report's answer from the Gateway. */
+  requestTimeoutMs: number;
   /** Jitter source, [0, 1). */
   rand?: () => number;
 }
 
-export const defaultPresenceConfig = { intervalMs: 60_000, minGapMs: 1_000, healthTimeoutMs: 2_000 };
+export const defaultPresenceConfig = { intervalMs: 60_000, minGapMs: 1_000, healthTimeoutMs: 2_000, requestTimeoutMs: 15_000 };
 
 /** The health of one part from its /healthz: 200 and status ok → ok; any other answer → degraded; no answer → down. */
 export async function partHealth(agent: Agent, url: string, signal: AbortSignal): Promise<PartHealth> {
@@ -83,7 +85,7 @@ export async function buildPresence(
  * changed; `changed()`). A failure is logged (status or error code, never a body) and
  * retried at the next tick; a 401 halts the link until the credential changes.
  */
-export function createPresence(config: PresenceConfig, credential: LinkCredential): { service: Service; changed: () => void } {
+export function createPresence(config: PresenceConfig, credential: HostCredential): { service: Service; changed: () => void } {
   let wakeLoop: (() => void) | undefined;
   let dirty = true;
   const changed = (): void => {
@@ -95,7 +97,6 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
     async run({ signal, log, onReload }) {
       const rand = config.rand ?? Math.random;
       const paths = handoffPaths(config.handoffDir);
-      const agent = new Agent({ headersTimeout: 15_000, bodyTimeout: 15_000, connect: { timeout: 5_000 } });
       const healthAgent = new Agent({ headersTimeout: config.healthTimeoutMs, bodyTimeout: config.healthTimeoutMs, connect: { timeout: config.healthTimeoutMs } });
       let lastSent = 0;
       let nextRegular = 0;
@@ -109,22 +110,18 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
           return;
         }
         const body = await buildPresence(config, healthAgent, true, signal, () => slotCache.current());
-        try {
-          const res = await postJson(agent, linkUrl(config.gatewayUrl, PRESENCE_PATH), read.credential, JSON.stringify(body), signal);
-          await res.body.dump().catch(() => undefined);
-          if (res.statusCode === 401) {
-            credential.halt(read.credential);
-            return;
-          }
-          if (res.statusCode >= 200 && res.statusCode < 300) {
-            log.debug({ stateVersion: body.stateVersion, slots: body.slots.length, problems: body.problems }, 'presence reported');
-          } else {
-            log.warn({ status: res.statusCode }, 'presence refused; retrying at the next tick');
-          }
-        } catch (err) {
-          if (signal.aborted) return;
-          log.warn({ reason: `network: ${(err as { code?: string }).code ?? 'network_error'}` }, 'presence failed; retrying at the next tick');
-        }
+        const answer = await credential.request(read.credential, {
+          method: 'POST',
+          path: PRESENCE_PATH,
+          body: JSON.stringify(body),
+          timeoutMs: config.requestTimeoutMs,
+          maxBodyBytes: SMALL_ANSWER_BYTES,
+          signal,
+        });
+        if (signal.aborted || answer.kind === 'halted') return;
+        if (answer.kind === 'ok') log.debug({ stateVersion: body.stateVersion, slots: body.slots.length, problems: body.problems }, 'presence reported');
+        else if (answer.kind === 'status') log.warn({ status: answer.status }, 'presence refused; retrying at the next tick');
+        else log.warn({ reason: answer.reason }, 'presence failed; retrying at the next tick');
       };
 
       const step = async (): Promise<number> => {
@@ -180,7 +177,6 @@ export function createPresence(config: PresenceConfig, credential: LinkCredentia
       } finally {
         unwatchSlots();
         unwatchRoot();
-        await agent.destroy().catch(() => undefined);
         await healthAgent.destroy().catch(() => undefined);
       }
     },

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import t from 'tap';
 import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
 import { createAuditUpload, defaultAuditUploadConfig } from '../../src/link/audit-upload.js';
-import { LinkCredential } from '../../src/link/credential.js';
+import { hostCredential } from '../support/host-credential.js';
 import { createNotifier } from '../../src/service/sd-notify.js';
 import { runServices } from '../../src/service/service.js';
 import { memoryLogger } from '../support/memory-log.js';
@@ -47,8 +47,8 @@ t.test('an event spooled right after an upload goes up at the end of the gap, no
   const { log, lines } = memoryLogger();
   const upload = createAuditUpload(
     // A rescan far beyond the test's timeout: only the file events and the gap can send.
-    { ...defaultAuditUploadConfig, gatewayUrl: gw.url, dir, minGapMs: 3_000, rescanMs: 600_000, backoff: { baseMs: 50, capMs: 200 } },
-    new LinkCredential(credentialPath, log),
+    { ...defaultAuditUploadConfig, dir, minGapMs: 3_000, rescanMs: 600_000, backoff: { baseMs: 50, capMs: 200 } },
+    hostCredential(t, credentialPath, gw.url, log),
   );
   const signals = new EventEmitter();
   const running = runServices([upload], { log, notifier: createNotifier({ env: {} }), signals, forceExitAfterMs: false });

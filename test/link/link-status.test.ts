@@ -2,7 +2,7 @@ import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:f
 import { join } from 'node:path';
 import t from 'tap';
 import { linkStatusSchema, type LinkStatus } from '../../src/data/link-status.js';
-import { LinkCredential } from '../../src/link/credential.js';
+import { hostCredential } from '../support/host-credential.js';
 import { recordLinkStatus } from '../../src/link/link-status.js';
 import { memoryLogger } from '../support/memory-log.js';
 import { until } from '../support/poll.js';
@@ -30,7 +30,7 @@ t.test('states, since, last sync and last error; a halt through the credential; 
   const credPath = join(dir, 'cred');
   writeFileSync(credPath, `${CRED}\n`);
   const { log } = memoryLogger();
-  const cred = new LinkCredential(credPath, log);
+  const cred = hostCredential(t, credPath, 'http://127.0.0.1:9', log);
   let now = Date.parse('2026-01-01T00:00:00Z');
   const record = recordLinkStatus(dir, cred, log, () => now);
 
@@ -68,7 +68,7 @@ t.test('states, since, last sync and last error; a halt through the credential; 
 t.test('answers with nothing new write at most once a second', async (t) => {
   const dir = tempDir('ac-link-status-', t);
   const { log } = memoryLogger();
-  const cred = new LinkCredential(join(dir, 'cred'), log);
+  const cred = hostCredential(t, join(dir, 'cred'), 'http://127.0.0.1:9', log);
   let now = Date.parse('2026-01-01T00:00:00Z');
   const record = recordLinkStatus(dir, cred, log, () => now);
   record({ kind: 'answered' });
@@ -91,7 +91,7 @@ t.test('a hand-off it cannot write: one warning, no throw, and it writes again o
   const base = tempDir('ac-link-status-', t);
   const dir = join(base, 'gone');
   const { log, records } = memoryLogger();
-  const cred = new LinkCredential(join(base, 'cred'), log);
+  const cred = hostCredential(t, join(base, 'cred'), 'http://127.0.0.1:9', log);
   let now = Date.parse('2026-01-01T00:00:00Z');
   const record = recordLinkStatus(dir, cred, log, () => now);
   record({ kind: 'failed', code: 'network', detail: 'network: ECONNREFUSED' });

@@ -22,7 +22,7 @@ async function part(t: TapTest, status: number, body: string): Promise<string> {
 }
 
 function config(handoffDir: string, health: Record<string, string>): PresenceConfig {
-  return { ...defaultPresenceConfig, gatewayUrl: 'http://127.0.0.1:1', handoffDir, hostId: 'host-1', version: '0.1.0', health };
+  return { ...defaultPresenceConfig, handoffDir, hostId: 'host-1', version: '0.1.0', health };
 }
 
 t.test('partHealth: ok, degraded (not ok, not 200, not JSON), down (no answer)', async (t) => {

@@ -1,7 +1,7 @@
 import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { LinkCredential } from '../../src/link/credential.js';
+import { hostCredential } from '../support/host-credential.js';
 import { createStatePoller, handedOverVersion } from '../../src/link/state-poller.js';
 import { createNotifier } from '../../src/service/sd-notify.js';
 import { runServices } from '../../src/service/service.js';
@@ -23,11 +23,11 @@ t.test('handedOverVersion: the file version, 0 when missing or unusable', async 
   t.equal(await handedOverVersion(file), 0);
 });
 
-t.test('LinkCredential: a 401 halts until the credential changes; unusable when missing', async (t) => {
+t.test('HostCredential: a 401 halts until the credential changes; unusable when missing', async (t) => {
   const dir = tempDir('ac-poller-', t);
   const path = join(dir, 'cred');
   const { log, lines } = memoryLogger();
-  const c = new LinkCredential(path, log);
+  const c = hostCredential(t, path, 'http://127.0.0.1:9', log);
   t.equal(c.read().kind, 'unusable');
   writeFileSync(path, `${CRED}\n`);
   const first = c.read();
@@ -58,8 +58,8 @@ t.test('the poller starts from the handed-over version and hands over newer ones
   const { log, lines } = memoryLogger();
   const handed: number[] = [];
   const poller = createStatePoller(
-    { gatewayUrl: gw.url, handoffDir: dir, pollTimeoutMs: 2_000, backoff: { baseMs: 20, capMs: 100 }, credentialRecheckMs: 100, onHandedOver: (v) => handed.push(v) },
-    new LinkCredential(credPath, log),
+    { handoffDir: dir, pollTimeoutMs: 2_000, backoff: { baseMs: 20, capMs: 100 }, credentialRecheckMs: 100, onHandedOver: (v) => handed.push(v) },
+    hostCredential(t, credPath, gw.url, log),
   );
   const signals = new EventEmitter();
   const running = runServices([poller], { log, notifier: createNotifier({ env: {} }), signals, forceExitAfterMs: false });

@@ -20,4 +20,4 @@ export function renewDueAt(t: TokenTimes, rand: () => number = Math.random): num
 }
 
 // Backoff and Retry-After are shared with the host link (enrol); they live below both.
-export { backoffDelay, defaultBackoff, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
+export { backoffDelay, defaultBackoff, parseRetryAfter, type BackoffOptions } from '../../net/backoff.js';

@@ -1,20 +1,18 @@
 import { join } from 'node:path';
-import { FetchIncompleteError } from '../errors.js';
-import { checkWritableDir, sweepStaleTemps } from '../fs/atomic-write.js';
-import { watchDir } from '../fs/dir-watch.js';
-import { SlotCache } from '../data/slot-cache.js';
-import type { Logger } from '../log/logger.js';
-import type { RenewalMetrics } from '../metrics/renewal-metrics.js';
-import { runLoop } from '../service/loop.js';
-import type { Service } from '../service/service.js';
-import { readTokenFile } from '../token/token-file.js';
-import { FetchState } from './fetch-state.js';
-import { createFetchAgent, renewSlot, type FetchDeps, type RenewOutcome } from './fetch.js';
-import { handoffPaths, type SlotFile } from '../data/handoff.js';
+import { FetchIncompleteError } from '../../errors.js';
+import { checkWritableDir, sweepStaleTemps } from '../../fs/atomic-write.js';
+import { watchDir } from '../../fs/dir-watch.js';
+import { SlotCache } from '../../data/slot-cache.js';
+import type { Logger } from '../../log/logger.js';
+import type { RenewalMetrics } from '../../metrics/renewal-metrics.js';
+import { runLoop } from '../../service/loop.js';
+import type { Service } from '../../service/service.js';
+import { RenewalState } from './renewal-state.js';
+import { renewSlot, type RenewDeps, type RenewOutcome } from './renew-slot.js';
+import type { HostCredential } from '../host-credential.js';
+import { handoffPaths, type SlotFile } from '../../data/handoff.js';
 import {
   afterCredentialChange,
-  credentialDigest,
-  credentialGate,
   decide,
   dueAt,
   freshSlot,
@@ -24,9 +22,7 @@ import {
 import { defaultBackoff, type BackoffOptions } from './schedule.js';
 import { eachBounded } from './bounded-each.js';
 
-export interface FetchConfig {
-  gatewayUrl: string;
-  credentialPath: string;
+export interface RenewalConfig {
   handoffDir: string;
   privateDir: string;
   /** One pass for a timer: settle every due slot (retrying within the budget), then exit. */
@@ -53,7 +49,7 @@ export interface FetchConfig {
  */
 export const DEFAULT_RENEW_CONCURRENCY = 1;
 
-export const defaultFetchConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000, concurrency: DEFAULT_RENEW_CONCURRENCY };
+export const defaultRenewalConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000, concurrency: DEFAULT_RENEW_CONCURRENCY };
 
 /** The log line of each decision (the policy decides; this only reports). */
 function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision: Extract<Decision, { kind: 'next' }>): void {
@@ -79,16 +75,17 @@ function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision:
 }
 
 /**
- * renew fetch: schedule → renew → hand-off, with the policy deciding each next attempt.
- * Holds the host credential and nothing else: it never sees a token file, only the
+ * The link's renewal: schedule → renew → hand-off, with the policy deciding each next
+ * attempt. Sends with the host credential and obeys its one stop switch (a 401 here halts
+ * the whole link, and a 401 elsewhere halts renewal); it never sees a token file, only the
  * hand-off directory and its private state.
  */
-export function createFetchService(config: FetchConfig): Service {
+export function createRenewalService(config: RenewalConfig, credential: HostCredential): Service {
   return {
     name: 'renew-fetch',
     async run({ signal, log, notifier, onReload }) {
       const paths = handoffPaths(config.handoffDir);
-      const state = new FetchState(join(config.privateDir, 'slots'));
+      const state = new RenewalState(join(config.privateDir, 'slots'));
       await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
       await checkWritableDir(state.dir, "fetch's private state", { mode: 0o700 });
       // A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
@@ -96,30 +93,30 @@ export function createFetchService(config: FetchConfig): Service {
       for (const dir of [paths.inbox, state.dir]) {
         for (const file of await sweepStaleTemps(dir)) log.info({ file }, 'removed a temp file left by an interrupted write');
       }
-      const agent = createFetchAgent();
-      const fetchDeps: FetchDeps = { gatewayUrl: config.gatewayUrl, paths, state, agent, log };
+      const renewDeps: RenewDeps = { paths, state, credential, log, signal };
       const slotStates = new Map<string, SlotPolicyState>();
       // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
       const slotCache = new SlotCache(paths, config.maxSleepMs);
       /** Slots seen at the last scan: one gone since was retired (SPEC §8 reconcile). */
       let seen = new Set<string>();
-      let haltedOn: string | undefined; // digest of the credential the Gateway refused
       let unsettled = 0;
+      let unusableLogged = false;
 
-      const readCredential = (): string | undefined => {
-        const read = readTokenFile(config.credentialPath);
-        if (read.ok) return read.token;
-        log.error({ path: config.credentialPath, problem: read.reason }, 'host credential unusable; renewals wait for it');
-        return undefined;
-      };
+      // A resume after a halt (of any part of the link): the failures' backoff was possibly
+      // the refused credential's doing, so it is forgotten.
+      const offResume = credential.onChange(() => {
+        if (credential.halted) return;
+        log.info('host credential changed; resuming renewals');
+        for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
+      });
 
       /** Renews the slot if due; the time of its next attempt, or 'halt'. */
-      const attempt = async (slot: SlotFile, credential: string, now: number): Promise<number | 'halt'> => {
+      const attempt = async (slot: SlotFile, token: string, now: number): Promise<number | 'halt'> => {
         const current = slotStates.get(slot.slot) ?? freshSlot;
         const due = dueAt(slot, await state.read(slot.slot), current);
         if (due > now) return due;
         const started = performance.now();
-        const outcome = await renewSlot(fetchDeps, slot, credential);
+        const outcome = await renewSlot(renewDeps, slot, token);
         config.metrics?.iteration(outcome.kind, (performance.now() - started) / 1000);
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
         const decision = decide(current, outcome, Date.now(), { backoff: config.backoff });
@@ -131,19 +128,18 @@ export function createFetchService(config: FetchConfig): Service {
 
       const step = async (): Promise<number> => {
         const now = Date.now();
-        const credential = readCredential();
-        if (!credential) {
+        const read = credential.read();
+        if (read.kind === 'halted') {
+          void notifier.status('halted: host credential rejected (401)');
+          return config.maxSleepMs;
+        }
+        if (read.kind === 'unusable') {
+          if (!unusableLogged) log.error({ path: credential.path, problem: read.reason }, 'host credential unusable; renewals wait for it');
+          unusableLogged = true;
           unsettled = 1;
           return config.maxSleepMs;
         }
-        const digest = credentialDigest(credential);
-        const gate = credentialGate(haltedOn, digest);
-        if (gate === 'halted') return config.maxSleepMs;
-        if (gate === 'resume') {
-          log.info('host credential changed; resuming renewals');
-          haltedOn = undefined;
-          for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
-        }
+        unusableLogged = false;
         const { slots, errors } = await slotCache.current(now);
         for (const e of errors) log.warn(e, 'ignoring invalid slot file');
         // A retired slot's memory must not outlive it: connected again, its new slot file
@@ -168,7 +164,7 @@ export function createFetchService(config: FetchConfig): Service {
         await eachBounded(slots, config.concurrency, async (slot) => {
           if (signal.aborted || halted !== undefined) return 'stop';
           if (slot.revoked) return undefined;
-          const at = await attempt(slot, credential, now);
+          const at = await attempt(slot, read.credential, now);
           if (at === 'halt') {
             halted ??= slot.slot;
             return 'stop';
@@ -178,12 +174,9 @@ export function createFetchService(config: FetchConfig): Service {
           return undefined;
         });
         if (halted !== undefined) {
-          haltedOn = digest;
+          // The credential logged the halt once for the whole link.
           unsettled += 1;
-          log.error(
-            { slot: halted },
-            'host credential rejected by the Gateway (401): renewals stopped until the credential changes; replace it and restart or wait',
-          );
+          log.warn({ slot: halted }, 'renewals halted with the link');
           void notifier.status('halted: host credential rejected (401)');
           return config.maxSleepMs;
         }
@@ -209,7 +202,7 @@ export function createFetchService(config: FetchConfig): Service {
             subscribeWake: rescanOnReload,
             step: async () => {
               const wait = await step();
-              if (haltedOn !== undefined || (unsettled === 0 && wait > 0) || Date.now() + wait > deadline) return 'done';
+              if (credential.halted || (unsettled === 0 && wait > 0) || Date.now() + wait > deadline) return 'done';
               return wait;
             },
           });
@@ -219,8 +212,8 @@ export function createFetchService(config: FetchConfig): Service {
             if (unsettled > 0) log.warn({ unsettled }, 'stopped before every renewal settled; the next run continues them');
             return;
           }
-          if (haltedOn !== undefined || unsettled > 0) {
-            throw new FetchIncompleteError(haltedOn !== undefined ? 'host credential rejected (401)' : 'some renewals did not settle; see the log');
+          if (credential.halted || unsettled > 0) {
+            throw new FetchIncompleteError(credential.halted ? 'host credential rejected (401)' : 'some renewals did not settle; see the log');
           }
           return;
         }
@@ -243,9 +236,11 @@ export function createFetchService(config: FetchConfig): Service {
             subscribeWake: (wake) => {
               wakeLoop = wake;
               const offReload = rescanOnReload(wake);
+              const offCred = credential.onChange(wake);
               return () => {
                 wakeLoop = undefined;
                 offReload();
+                offCred();
               };
             },
           });
@@ -253,7 +248,7 @@ export function createFetchService(config: FetchConfig): Service {
           unwatch();
         }
       } finally {
-        await agent.close().catch(() => undefined);
+        offResume();
       }
     },
   };

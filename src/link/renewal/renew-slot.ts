@@ -1,22 +1,23 @@
 import { randomUUID } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Agent } from 'undici';
-import { atomicWrite } from '../fs/atomic-write.js';
-import type { Logger } from '../log/logger.js';
-import { crashPoint } from '../service/test-hooks.js';
-import { slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
-import { parseJsonWith } from '../data/parse.js';
-import type { FetchSlotState, FetchState } from './fetch-state.js';
-import { parseRetryAfter } from './schedule.js';
-import { renewConflictSchema, renewOkSchema, renewUrl } from '../data/renew-wire.js';
+import { atomicWrite } from '../../fs/atomic-write.js';
+import type { Logger } from '../../log/logger.js';
+import { crashPoint } from '../../service/test-hooks.js';
+import { slotFileName, type HandoffPaths, type SlotFile } from '../../data/handoff.js';
+import { parseJsonWith } from '../../data/parse.js';
+import type { RenewalSlotState, RenewalState } from './renewal-state.js';
+import { renewConflictSchema, renewOkSchema, renewPath } from '../../data/renew-wire.js';
+import { SMALL_ANSWER_BYTES } from '../gateway-client.js';
+import type { HostCredential } from '../host-credential.js';
 
-export interface FetchDeps {
-  gatewayUrl: string;
+export interface RenewDeps {
   paths: HandoffPaths;
-  state: FetchState;
-  agent: Agent;
+  state: RenewalState;
+  /** Sends the renewal; a 401 to it halts the whole link. */
+  credential: HostCredential;
   log: Logger;
+  signal?: AbortSignal;
   now?: () => number;
 }
 
@@ -27,16 +28,14 @@ export type RenewOutcome =
   | { kind: 'revoked' }
   | { kind: 'retry'; reason: string; retryAfterMs?: number };
 
-export function createFetchAgent(): Agent {
-  // Renewal answers are small and quick; a hung Gateway must not wedge a slot forever.
-  return new Agent({ headersTimeout: 30_000, bodyTimeout: 30_000, connect: { timeout: 10_000 } });
-}
+/** Renewal answers are small and quick; a hung Gateway must not wedge a slot forever. */
+export const RENEW_TIMEOUT_MS = 30_000;
 
 /**
  * What fetch believes the Gateway holds for this slot, newest first: a tokenId adopted from
  * a 409, else the newer of the token last delivered to apply and the one apply applied.
  */
-export function expectationFor(slot: SlotFile, state: FetchSlotState): string | null {
+export function expectationFor(slot: SlotFile, state: RenewalSlotState): string | null {
   if (state.adopted !== undefined) return state.adopted;
   if (state.delivered && state.delivered.generation >= slot.generation) return state.delivered.tokenId;
   return slot.tokenId;
@@ -47,7 +46,7 @@ export function expectationFor(slot: SlotFile, state: FetchSlotState): string | 
  * sent and reused until the renewal settles, so a crash at any point, or a lost answer,
  * can never mint a second token: the retry is answered with the one already minted.
  */
-export async function renewSlot(deps: FetchDeps, slot: SlotFile, credential: string): Promise<RenewOutcome> {
+export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: string): Promise<RenewOutcome> {
   const { log } = deps;
   const now = deps.now ?? Date.now;
   let state = await deps.state.read(slot.slot);
@@ -58,30 +57,21 @@ export async function renewSlot(deps: FetchDeps, slot: SlotFile, credential: str
     };
     await deps.state.write(state);
   }
-  const pending = state.pending as NonNullable<FetchSlotState['pending']>;
+  const pending = state.pending as NonNullable<RenewalSlotState['pending']>;
   crashPoint('fetch-after-persist');
 
-  let status: number;
-  let text: string;
-  let retryAfter: string | string[] | undefined;
-  try {
-    const url = renewUrl(deps.gatewayUrl, slot.slot);
-    const res = await deps.agent.request({
-      origin: url.origin,
-      path: url.pathname + url.search,
-      method: 'POST',
-      headers: { authorization: `Bearer ${credential}`, 'content-type': 'application/json', accept: 'application/json' },
-      body: JSON.stringify({ requestId: pending.requestId, expectedTokenId: pending.expectedTokenId }),
-    });
-    status = res.statusCode;
-    retryAfter = res.headers['retry-after'];
-    text = await res.body.text();
-  } catch (err) {
-    // Never the error's text: it can carry the Gateway's address details; the code is enough.
-    const code = (err as { code?: string }).code ?? 'network_error';
-    return { kind: 'retry', reason: `network: ${code}` };
-  }
-  crashPoint('fetch-after-receive');
+  const answer = await deps.credential.request(credential, {
+    method: 'POST',
+    path: renewPath(slot.slot),
+    body: JSON.stringify({ requestId: pending.requestId, expectedTokenId: pending.expectedTokenId }),
+    timeoutMs: RENEW_TIMEOUT_MS,
+    maxBodyBytes: SMALL_ANSWER_BYTES,
+    ...(deps.signal && { signal: deps.signal }),
+  });
+  if (answer.kind === 'halted') return { kind: 'credential_invalid' };
+  if (answer.kind !== 'retry' || answer.cause === 'status') crashPoint('fetch-after-receive');
+  if (answer.kind === 'retry') return { kind: 'retry', reason: answer.reason, ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }) };
+  const { status, body: text } = answer;
 
   if (status === 200) {
     const ok = parseJsonWith(renewOkSchema, text);
@@ -111,7 +101,6 @@ export async function renewSlot(deps: FetchDeps, slot: SlotFile, credential: str
     await deps.state.write({ ...rest, adopted: conflict.value.currentTokenId });
     return { kind: 'conflict', currentTokenId: conflict.value.currentTokenId };
   }
-  if (status === 401) return { kind: 'credential_invalid' };
   if (status === 404) {
     await mkdir(deps.paths.inbox, { recursive: true });
     await atomicWrite(
@@ -123,5 +112,5 @@ export async function renewSlot(deps: FetchDeps, slot: SlotFile, credential: str
     await deps.state.write(rest);
     return { kind: 'revoked' };
   }
-  return { kind: 'retry', reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, now()) };
+  return { kind: 'retry', reason: `status ${status}` };
 }

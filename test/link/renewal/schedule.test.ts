@@ -1,5 +1,5 @@
 import t from 'tap';
-import { backoffDelay, defaultBackoff, parseRetryAfter, renewDueAt, type BackoffOptions } from '../../src/renew/schedule.js';
+import { backoffDelay, defaultBackoff, parseRetryAfter, renewDueAt, type BackoffOptions } from '../../../src/link/renewal/schedule.js';
 
 const ISSUED = Date.UTC(2030, 0, 1, 12, 0, 0);
 const LIFETIME = 60 * 60_000; // one hour

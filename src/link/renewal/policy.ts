@@ -1,6 +1,6 @@
-import type { FetchSlotState } from './fetch-state.js';
-import type { RenewOutcome } from './fetch.js';
-import type { SlotFile } from '../data/handoff.js';
+import type { RenewalSlotState } from './renewal-state.js';
+import type { RenewOutcome } from './renew-slot.js';
+import type { SlotFile } from '../../data/handoff.js';
 import { backoffDelay, renewDueAt, type BackoffOptions, type TokenTimes } from './schedule.js';
 
 /**
@@ -73,7 +73,7 @@ export function decide(state: SlotPolicyState, outcome: RenewOutcome, now: numbe
  * caught up with it (else fetch would renew again what it already renewed), else the
  * applied token of the slot file.
  */
-export function tokenTimesOf(slot: SlotFile, saved: FetchSlotState): TokenTimes {
+export function tokenTimesOf(slot: SlotFile, saved: RenewalSlotState): TokenTimes {
   const delivered = saved.delivered && saved.delivered.generation >= slot.generation ? saved.delivered : undefined;
   if (delivered) return { tokenId: delivered.tokenId, expiresAt: Date.parse(delivered.expiresAt), issuedAt: Date.parse(delivered.receivedAt) };
   return {
@@ -87,12 +87,12 @@ export function tokenTimesOf(slot: SlotFile, saved: FetchSlotState): TokenTimes 
  * When the slot's next attempt is due: at once while a renewal is in flight (a persisted
  * requestId, or a tokenId adopted from a 409), else on schedule; never before its backoff.
  */
-export function dueAt(slot: SlotFile, saved: FetchSlotState, state: SlotPolicyState, rand: () => number = Math.random): number {
+export function dueAt(slot: SlotFile, saved: RenewalSlotState, state: SlotPolicyState, rand: () => number = Math.random): number {
   const scheduled = saved.pending || saved.adopted !== undefined ? 0 : renewDueAt(tokenTimesOf(slot, saved), rand);
   return Math.max(scheduled, state.notBefore);
 }
 
-export { credentialDigest, credentialGate, type CredentialGate } from '../net/credential-gate.js';
+export { credentialDigest, credentialGate, type CredentialGate } from '../../net/credential-gate.js';
 
 /**
  * A slot's bookkeeping after the credential changed: the backoff of failures (possibly the

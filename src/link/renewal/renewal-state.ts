@@ -1,9 +1,9 @@
 import { mkdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { atomicWrite } from '../fs/atomic-write.js';
-import { parseJsonWith } from '../data/parse.js';
-import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../data/renew-wire.js';
+import { atomicWrite } from '../../fs/atomic-write.js';
+import { parseJsonWith } from '../../data/parse.js';
+import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../../data/renew-wire.js';
 
 /**
  * fetch's private, durable memory (in its own StateDirectory, unreadable to anyone else),
@@ -15,7 +15,7 @@ import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../data/renew-wire.j
  *   does not renew again while apply has not caught up.
  * - `adopted`: the Gateway's current tokenId learned from a 409, the next expectation.
  */
-export const fetchSlotStateSchema = z.strictObject({
+export const renewalSlotStateSchema = z.strictObject({
   slot: slotIdSchema,
   pending: z
     .strictObject({ requestId: z.uuid(), expectedTokenId: tokenIdSchema.nullable(), since: rfc3339Schema })
@@ -26,14 +26,14 @@ export const fetchSlotStateSchema = z.strictObject({
   adopted: tokenIdSchema.nullable().optional(),
 });
 
-export type FetchSlotState = z.infer<typeof fetchSlotStateSchema>;
+export type RenewalSlotState = z.infer<typeof renewalSlotStateSchema>;
 
-export class FetchState {
+export class RenewalState {
   /**
    * fetch is the only writer of these files and one process runs: what it wrote or read
    * once is kept, so a scan of 10 000 slots reads none of them again.
    */
-  private readonly cache = new Map<string, FetchSlotState>();
+  private readonly cache = new Map<string, RenewalSlotState>();
 
   constructor(readonly dir: string) {}
 
@@ -46,11 +46,11 @@ export class FetchState {
   }
 
   /** A missing or unreadable record starts afresh: worst case one extra renewal, never a wrong token. */
-  async read(slot: string): Promise<FetchSlotState> {
+  async read(slot: string): Promise<RenewalSlotState> {
     const cached = this.cache.get(slot);
     if (cached) return cached;
     const text = await readFile(this.path(slot), 'utf8').catch(() => undefined);
-    const parsed = text === undefined ? undefined : parseJsonWith(fetchSlotStateSchema, text);
+    const parsed = text === undefined ? undefined : parseJsonWith(renewalSlotStateSchema, text);
     const state = parsed?.ok && parsed.value.slot === slot ? parsed.value : { slot };
     this.cache.set(slot, state);
     return state;
@@ -62,7 +62,7 @@ export class FetchState {
     await unlink(this.path(slot)).catch(() => undefined);
   }
 
-  async write(state: FetchSlotState): Promise<void> {
+  async write(state: RenewalSlotState): Promise<void> {
     await atomicWrite(this.path(state.slot), `${JSON.stringify(state)}\n`, { mode: 0o600 });
     this.cache.set(state.slot, state);
   }

@@ -1,7 +1,7 @@
-import type { Agent, Dispatcher } from 'undici';
 import type { Logger } from '../log/logger.js';
 import { credentialDigest, credentialGate } from '../net/credential-gate.js';
 import { readTokenFile } from '../token/token-file.js';
+import type { GatewayClient, GatewayOutcome, GatewayRequest } from './gateway-client.js';
 
 export type CredentialRead =
   | { kind: 'ok'; credential: string }
@@ -11,16 +11,18 @@ export type CredentialRead =
   | { kind: 'halted' };
 
 /**
- * The host credential as the link's services see it, one instance shared by the state
- * poller and presence: a 401 on either halts both until the credential file changes
- * (the same gate as renewal fetch). Holds only a digest of a refused credential.
+ * The host credential with the link's one stop switch, shared by renewal, the state poll,
+ * presence and the audit upload: a 401 to any of them halts all of them, requests in flight
+ * included, until the credential file changes; then all resume. Holds only a digest of a
+ * refused credential.
  */
-export class LinkCredential {
+export class HostCredential {
   #haltedOn: string | undefined;
   readonly #listeners = new Set<() => void>();
 
   constructor(
     readonly path: string,
+    readonly client: GatewayClient,
     private readonly log: Logger,
   ) {}
 
@@ -36,7 +38,7 @@ export class LinkCredential {
     if (gate === 'halted') return { kind: 'halted' };
     if (gate === 'resume') {
       this.#haltedOn = undefined;
-      this.log.info('host credential changed; the link resumes polling and presence');
+      this.log.info('host credential changed; the link resumes');
       for (const fn of [...this.#listeners]) fn();
     }
     return { kind: 'ok', credential: read.token };
@@ -47,23 +49,27 @@ export class LinkCredential {
     if (this.#haltedOn !== undefined) return;
     this.#haltedOn = credentialDigest(credential);
     this.log.error(
-      'host credential rejected by the Gateway (401): the link stopped polling the desired state and reporting presence; re-enrol this host (sudo agent-connectors enroll --gateway URL --force); it resumes when the credential changes',
+      'host credential rejected by the Gateway (401): the link stopped renewals, the state poll, presence and the audit upload; re-enrol this host (sudo agent-connectors enroll --gateway URL --force); it resumes when the credential changes',
     );
     for (const fn of [...this.#listeners]) fn();
   }
 
   /**
-   * Runs one request with a signal that also aborts when the link halts (a 401 to another
-   * of its services): a request in flight is cut, not left to run out. `cut` says it was.
+   * One Gateway request with `credential` (read just before): cut if the link halts
+   * meanwhile (a 401 to another of its services), and a 401 to it halts the link. Either
+   * way the answer is `halted`.
    */
-  async unlessHalted<T>(signal: AbortSignal, request: (signal: AbortSignal) => Promise<T>): Promise<{ cut: boolean; value: T }> {
+  async request(credential: string, req: Omit<GatewayRequest, 'credential'>): Promise<GatewayOutcome> {
     const cut = new AbortController();
     const off = this.onChange(() => {
       if (this.halted) cut.abort();
     });
     try {
-      const value = await request(AbortSignal.any([signal, cut.signal]));
-      return { cut: cut.signal.aborted, value };
+      const signal = req.signal ? AbortSignal.any([req.signal, cut.signal]) : cut.signal;
+      const outcome = await this.client.request({ ...req, credential, signal });
+      if (cut.signal.aborted) return { kind: 'halted' };
+      if (outcome.kind === 'halted') this.halt(credential);
+      return outcome;
     } finally {
       off();
     }
@@ -74,16 +80,4 @@ export class LinkCredential {
     this.#listeners.add(fn);
     return () => this.#listeners.delete(fn);
   }
-}
-
-/** A JSON POST to a link endpoint with the host credential (presence, audit). */
-export function postJson(agent: Agent, url: URL, credential: string, body: string, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
-  return agent.request({
-    origin: url.origin,
-    path: url.pathname,
-    method: 'POST',
-    headers: { authorization: `Bearer ${credential}`, 'content-type': 'application/json' },
-    body,
-    signal,
-  });
 }

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { eachBounded } from '../../src/renew/bounded-each.js';
+import { eachBounded } from '../../../src/link/renewal/bounded-each.js';
 
 /** A call per item that stays open until the test lets it go. */
 function gatedCalls(): { open: Map<number, () => void>; max: () => number; fn: (n: number) => Promise<undefined> } {

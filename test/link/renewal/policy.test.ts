@@ -1,7 +1,7 @@
 import t from 'tap';
-import type { RenewOutcome } from '../../src/renew/fetch.js';
-import type { FetchSlotState } from '../../src/renew/fetch-state.js';
-import type { SlotFile } from '../../src/data/handoff.js';
+import type { RenewOutcome } from '../../../src/link/renewal/renew-slot.js';
+import type { RenewalSlotState } from '../../../src/link/renewal/renewal-state.js';
+import type { SlotFile } from '../../../src/data/handoff.js';
 import {
   REVOKED_PAUSE_MS,
   afterCredentialChange,
@@ -12,7 +12,7 @@ import {
   freshSlot,
   type Decision,
   type SlotPolicyState,
-} from '../../src/renew/policy.js';
+} from '../../../src/link/renewal/policy.js';
 
 const NOW = Date.parse('2030-01-01T00:00:00Z');
 const backoff = { baseMs: 1_000, capMs: 60_000 };
@@ -145,7 +145,7 @@ t.test('a credential change forgets failures but keeps a revocation pause', asyn
 
 t.test('when a slot is due', async (t) => {
   const slot = (over: Partial<SlotFile> = {}): SlotFile => ({ slot: 'instance:a', tokenId: null, expiresAt: null, generation: 0, ...over });
-  const saved = (over: Partial<FetchSlotState> = {}): FetchSlotState => ({ slot: 'instance:a', ...over });
+  const saved = (over: Partial<RenewalSlotState> = {}): RenewalSlotState => ({ slot: 'instance:a', ...over });
   const applied = slot({
     tokenId: 'tid_1',
     generation: 1,
@@ -153,7 +153,7 @@ t.test('when a slot is due', async (t) => {
     expiresAt: new Date(NOW + 90_000).toISOString(),
   });
   const mid = (): number => 0;
-  const rows: Array<{ name: string; slot: SlotFile; saved: FetchSlotState; state: SlotPolicyState; want: number }> = [
+  const rows: Array<{ name: string; slot: SlotFile; saved: RenewalSlotState; state: SlotPolicyState; want: number }> = [
     { name: 'no token: at once', slot: slot(), saved: saved(), state: freshSlot, want: 0 },
     { name: 'applied token: at two thirds of its lifetime', slot: applied, saved: saved(), state: freshSlot, want: NOW + 60_000 },
     {

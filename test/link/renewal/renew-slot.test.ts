@@ -4,14 +4,15 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
-import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../support/mock-renew-gateway.js';
-import { createFetchAgent, expectationFor, renewSlot, type FetchDeps } from '../../src/renew/fetch.js';
-import { FetchState, fetchSlotStateSchema, type FetchSlotState } from '../../src/renew/fetch-state.js';
-import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { renewOkSchema, type RenewOk } from '../../src/data/renew-wire.js';
-import { memoryLogger } from '../support/memory-log.js';
-import type { TapTest } from '../support/tap.js';
-import { tempDir } from '../support/temp-dir.js';
+import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../support/mock-renew-gateway.js';
+import { expectationFor, renewSlot, type RenewDeps } from '../../../src/link/renewal/renew-slot.js';
+import { hostCredential } from '../../support/host-credential.js';
+import { RenewalState, renewalSlotStateSchema, type RenewalSlotState } from '../../../src/link/renewal/renewal-state.js';
+import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../../src/data/handoff.js';
+import { renewOkSchema, type RenewOk } from '../../../src/data/renew-wire.js';
+import { memoryLogger } from '../../support/memory-log.js';
+import type { TapTest } from '../../support/tap.js';
+import { tempDir } from '../../support/temp-dir.js';
 
 const SLOT = 'instance:inst-1';
 const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
@@ -20,22 +21,21 @@ const CRED = DEFAULT_TEST_CREDENTIAL;
 interface Env {
   root: string;
   p: HandoffPaths;
-  state: FetchState;
+  state: RenewalState;
   stateDir: string;
-  deps: FetchDeps;
+  deps: RenewDeps;
   lines: string[];
 }
 
 async function env(t: TapTest, gatewayUrl: string): Promise<Env> {
   const root = tempDir('ac-fetch-', t);
   const stateDir = join(root, 'fetch-state');
-  const state = new FetchState(stateDir);
+  const state = new RenewalState(stateDir);
   await state.init();
   const p = handoffPaths(join(root, 'handoff'));
-  const agent = createFetchAgent();
-  t.teardown(() => agent.destroy());
   const { log, lines } = memoryLogger();
-  return { root, p, state, stateDir, lines, deps: { gatewayUrl, paths: p, state, agent, log, now: () => NOW } };
+  const credential = hostCredential(t, join(root, 'host-credential'), gatewayUrl, log);
+  return { root, p, state, stateDir, lines, deps: { paths: p, state, credential, log, now: () => NOW } };
 }
 
 async function gateway(t: TapTest, slots: string[] = [SLOT]): Promise<MockRenewGateway> {
@@ -45,10 +45,10 @@ async function gateway(t: TapTest, slots: string[] = [SLOT]): Promise<MockRenewG
 }
 
 /** fetch's private record for a slot, straight from disk (undefined if absent). */
-function stateOnDisk(e: Env, slot = SLOT): FetchSlotState | undefined {
+function stateOnDisk(e: Env, slot = SLOT): RenewalSlotState | undefined {
   const path = join(e.stateDir, `${slot}.json`);
   if (!existsSync(path)) return undefined;
-  return fetchSlotStateSchema.parse(JSON.parse(readFileSync(path, 'utf8')));
+  return renewalSlotStateSchema.parse(JSON.parse(readFileSync(path, 'utf8')));
 }
 
 function inboxPath(e: Env, slot = SLOT): string {
@@ -67,7 +67,8 @@ t.test('the pending requestId is on disk before the request reaches the Gateway'
   const gw = await gateway(t);
   const e = await env(t, gw.url);
   gw.inject({ kind: 'hang', commit: true });
-  const first = renewSlot(e.deps, emptySlotFile(SLOT), CRED);
+  const giveUp = new AbortController();
+  const first = renewSlot({ ...e.deps, signal: giveUp.signal }, emptySlotFile(SLOT), CRED);
   const rec = await gw.waitForRequests(1);
   // The Gateway holds the request (and has committed a token): read fetch's state now.
   const onDisk = stateOnDisk(e);
@@ -81,15 +82,13 @@ t.test('the pending requestId is on disk before the request reaches the Gateway'
   t.equal(statSync(join(e.stateDir, `${SLOT}.json`)).mode & 0o777, 0o600, 'private state is 0600');
 
   // The answer is lost (here: the client gives up). The retry must not mint a second token.
-  await e.deps.agent.destroy();
+  giveUp.abort();
   const lost = await first;
   t.equal(lost.kind, 'retry');
   t.equal(stateOnDisk(e)?.pending?.requestId, rec.requestId, 'pending kept after a lost answer');
   t.strictSame(inboxNames(e), [], 'nothing delivered yet');
 
-  const agent2 = createFetchAgent();
-  t.teardown(() => agent2.destroy());
-  const second = await renewSlot({ ...e.deps, agent: agent2 }, emptySlotFile(SLOT), CRED);
+  const second = await renewSlot(e.deps, emptySlotFile(SLOT), CRED);
   t.equal(second.kind, 'renewed');
   t.equal(gw.requests[1]?.requestId, rec.requestId, 'the retry reused the requestId');
   t.equal(gw.minted(SLOT), 1, 'still exactly one token minted');
@@ -332,7 +331,7 @@ t.test('expectationFor: adopted, else the newer of delivered and applied', async
     expiresAt: tokenId === null ? null : '2030-01-01T13:00:00.000Z',
     generation,
   });
-  const delivered = (tokenId: string, generation: number): FetchSlotState['delivered'] => ({
+  const delivered = (tokenId: string, generation: number): RenewalSlotState['delivered'] => ({
     tokenId,
     generation,
     expiresAt: '2030-01-01T13:00:00.000Z',

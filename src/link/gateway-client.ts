@@ -1,0 +1,112 @@
+import { Agent } from 'undici';
+import { linkUrl } from '../data/link-wire.js';
+import { parseRetryAfter } from '../net/backoff.js';
+
+/**
+ * Every call the host makes to the Gateway goes through one client (the way tailscale's
+ * controlclient `Direct` owns every control call): one connection pool for the process,
+ * a timeout and a body bound on every request, and one reading of what an answer means.
+ * Enrol, renewal, the state poll, presence and the audit upload differ only in what they
+ * send and in the statuses they give a meaning of their own.
+ */
+
+export interface GatewayRequest {
+  method: 'GET' | 'POST';
+  /** Below the Gateway base URL (a base path, if any, is kept). */
+  path: string;
+  query?: Record<string, string>;
+  /** The host credential, sent as a bearer token; a 401 to a request that carried one halts the link. */
+  credential?: string;
+  /** JSON text. */
+  body?: string;
+  /** For the headers and for each pause in the body (undici's per-request timeouts). */
+  timeoutMs: number;
+  /** An answer longer than this is cut off and is a `retry`: no Gateway answer is read unbounded. */
+  maxBodyBytes: number;
+  signal?: AbortSignal;
+}
+
+export type GatewayOutcome =
+  /** 2xx. */
+  | { kind: 'ok'; status: number; body: string }
+  /** 401 to the host credential: nothing more goes out with it (host-credential.ts). */
+  | { kind: 'halted' }
+  /** Worth asking again later: 429, 5xx, network, timeout, an answer over its bound. */
+  | { kind: 'retry'; cause: 'status' | 'network' | 'oversize'; reason: string; status?: number; code?: string; retryAfterMs?: number }
+  /** Any other status (a 404 or 409 to renewal, a 401 to enrol): the caller says what it means. */
+  | { kind: 'status'; status: number; body: string };
+
+/** Enrol, renewal, presence and audit answers are small; the desired state has its own bound. */
+export const SMALL_ANSWER_BYTES = 64 * 1024;
+
+/** Never the error's own text: undici's can carry addresses; the code is enough. */
+function networkCode(err: unknown, signal?: AbortSignal): string {
+  const e = err as { code?: string; cause?: { code?: string } };
+  return e.cause?.code ?? e.code ?? (signal?.aborted ? 'aborted' : 'network_error');
+}
+
+class OversizeError extends Error {}
+
+export class GatewayClient {
+  readonly #agent: Agent;
+
+  constructor(
+    readonly gatewayUrl: string,
+    options: { connectTimeoutMs?: number } = {},
+  ) {
+    this.#agent = new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 } });
+  }
+
+  url(path: string, query?: Record<string, string>): URL {
+    return linkUrl(this.gatewayUrl, path, query);
+  }
+
+  /** One request; never throws for anything the Gateway or the network does. */
+  async request(req: GatewayRequest): Promise<GatewayOutcome> {
+    const url = this.url(req.path, req.query);
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (req.credential !== undefined) headers.authorization = `Bearer ${req.credential}`;
+    if (req.body !== undefined) headers['content-type'] = 'application/json';
+    let status: number;
+    let retryAfter: string | string[] | undefined;
+    let body: string;
+    try {
+      const res = await this.#agent.request({
+        origin: url.origin,
+        path: url.pathname + url.search,
+        method: req.method,
+        headers,
+        body: req.body,
+        signal: req.signal,
+        headersTimeout: req.timeoutMs,
+        bodyTimeout: req.timeoutMs,
+      });
+      status = res.statusCode;
+      retryAfter = res.headers['retry-after'];
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of res.body) {
+        const buf = chunk as Buffer;
+        size += buf.length;
+        if (size > req.maxBodyBytes) {
+          res.body.destroy();
+          throw new OversizeError();
+        }
+        chunks.push(buf);
+      }
+      body = Buffer.concat(chunks).toString('utf8');
+    } catch (err) {
+      if (err instanceof OversizeError) return { kind: 'retry', cause: 'oversize', reason: `answer larger than ${req.maxBodyBytes} bytes` };
+      const code = networkCode(err, req.signal);
+      return { kind: 'retry', cause: 'network', reason: `network: ${code}`, code };
+    }
+    if (status >= 200 && status < 300) return { kind: 'ok', status, body };
+    if (status === 401 && req.credential !== undefined) return { kind: 'halted' };
+    if (status === 429 || status >= 500) return { kind: 'retry', cause: 'status', status, reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, Date.now()) };
+    return { kind: 'status', status, body };
+  }
+
+  async close(): Promise<void> {
+    await this.#agent.destroy().catch(() => undefined);
+  }
+}
