@@ -48,8 +48,8 @@ function cli(args: string[]): Promise<{ code: number | null; stdout: string; mod
   });
 }
 
-/** The modules that declare a command group (src/cli/*-command.ts, *-commands.ts). */
-const groupsIn = (modules: string[]): string[] => modules.filter((m) => /^cli\/[a-z-]+-commands?\.js$/.test(m)).sort();
+/** The modules that declare a command group (src/cli/*-command.ts, *-commands.ts, src/dev/dev-command.ts). */
+const groupsIn = (modules: string[]): string[] => modules.filter((m) => /^(cli\/[a-z-]+-commands?|dev\/dev-command)\.js$/.test(m)).sort();
 
 t.test('--version loads no command group, and not errors.ts', async (t) => {
   const r = await cli(['--version']);

@@ -8,7 +8,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
 import { Agent, request } from 'undici';
-import type { RenewAuthority } from '../src/gateway-standin/authority.js';
+import type { RenewAuthority } from '../src/dev/demo-gateway/authority.js';
 import {
   checkNoLeaks,
   knownSecrets,

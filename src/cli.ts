@@ -20,7 +20,7 @@ const GROUPS: ReadonlyArray<{ commands: readonly string[]; load: () => Promise<R
   { commands: ['doctor'], load: async () => (await import('./cli/doctor-command.js')).registerDoctorCommand },
   { commands: ['status'], load: async () => (await import('./cli/status-command.js')).registerStatusCommand },
   { commands: ['link', 'enroll', 'unenroll'], load: async () => (await import('./cli/link-commands.js')).registerLinkCommands },
-  { commands: ['dev'], load: async () => (await import('./cli/dev-command.js')).registerDevCommand },
+  { commands: ['dev'], load: async () => (await import('./dev/dev-command.js')).registerDevCommand },
 ];
 
 /**

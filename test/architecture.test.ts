@@ -16,8 +16,12 @@ const LAYERS: ReadonlyArray<readonly string[]> = [
   ['config', 'service'],
   ['http'],
   ['metrics'],
-  ['forwarder', 'cli-proxy', 'renew', 'apply', 'shims', 'doctor', 'install', 'gateway-standin', 'dev', 'link'],
+  ['forwarder', 'cli-proxy', 'apply', 'shims', 'doctor', 'install', 'link'],
+  // One wiring of the parts (buildParts) and the flags that configure it.
+  ['wiring'],
   ['cli'],
+  // dev: the production wiring plus the demo Gateway; no product code imports it.
+  ['dev'],
   ['cli.ts'],
 ];
 

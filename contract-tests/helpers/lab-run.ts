@@ -1,4 +1,4 @@
-import type { RenewAuthority } from '../../src/gateway-standin/authority.js';
+import type { RenewAuthority } from '../../src/dev/demo-gateway/authority.js';
 import type { TapTest } from '../../test/support/tap.js';
 import type { TokenVerdict } from './mcp-upstream.js';
 

@@ -2,8 +2,8 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { DEFAULT_CREDENTIAL_PATH } from '../link/enroll.js';
 import { version } from '../version.js';
-import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
-import { layoutFrom } from './options.js';
+import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from '../wiring/defaults.js';
+import { layoutFrom } from '../wiring/options.js';
 
 /** Where doctor and status look: the state root, the two parts' URLs, the credential. */
 export function addHostOptions(cmd: Command): Command {

@@ -10,17 +10,12 @@ import { ensureSlot, retireSlot } from '../apply/slot-admin.js';
 import { instanceSlot } from '../data/renew-wire.js';
 import { tokenPath } from '../data/token-path.js';
 import { ConfigError } from '../errors.js';
-import { createForwarderService } from '../forwarder/forwarder-service.js';
-import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
 import { readInstances, updateInstances } from '../data/registry.js';
 import { bindingIdSchema, bindingSchema, type Binding } from '../data/registry.js';
-import { createNotifier } from '../service/sd-notify.js';
-import { runServices } from '../service/service.js';
 import { AGENTS, mcpAddCommand, mcpUrl, type AgentName } from './mcp-add.js';
-import { createHttpMetrics } from '../metrics/http-metrics.js';
-import { addMetricsOption, benchToggle, metricsFrom } from './metrics-options.js';
-import { DEFAULT_FORWARDER_LISTEN } from './defaults.js';
-import { addServerOptions, layoutFrom, loggerFrom, parseOption, serverOptions } from './options.js';
+import { DEFAULT_FORWARDER_LISTEN } from '../wiring/defaults.js';
+import { layoutFrom, loggerFrom, parseOption } from '../wiring/options.js';
+import { addForwarderFlags, forwarderPartsFrom } from '../wiring/proxy-parts.js';
 
 const serverName = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'must match [A-Za-z0-9_-]{1,64}');
 
@@ -55,21 +50,11 @@ export async function refuseIfEnrolled(credential: string | undefined, command: 
 const credentialHelp = `host credential whose presence marks the host enrolled (default: ${DEFAULT_CREDENTIAL_PATH})`;
 
 export function registerForwarderCommands(program: Command): void {
-  addServerOptions(
-    addMetricsOption(program.command('forwarder'))
-      .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
-      .option('--state-dir <dir>', 'state root (default: $STATE_DIRECTORY, /var/lib/agent-connectors as root, else XDG state)')
-      .option('--instances <file>', 'binding registry (default: <state>/mcp-forwarder/instances.json)'),
-    { listen: DEFAULT_FORWARDER_LISTEN, bodyLimit: DEFAULT_BODY_LIMIT },
-  ).action(async (opts: Record<string, string>) => {
-    const log = loggerFrom(opts);
-    const server = serverOptions(opts);
-    const metrics = metricsFrom(opts, 'forwarder', server.listen);
-    const service = createForwarderService({
-      config: { ...server, instancesPath: layoutFrom(opts).instances, observer: metrics && benchToggle(createHttpMetrics(metrics.registry, 'instances.json')) },
+  addForwarderFlags(program.command('forwarder'))
+    .description('serve http://127.0.0.1:14323/i/<bindingId>/mcp, injecting each binding\'s token')
+    .action(async (opts: Record<string, string>) => {
+      await (await import('../wiring/build-parts.js')).runParts(forwarderPartsFrom(opts), loggerFrom(opts));
     });
-    await runServices(metrics ? [service, metrics.service] : [service], { log, notifier: createNotifier({ log }) });
-  });
 
   program
     .command('bind')

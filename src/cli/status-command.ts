@@ -2,7 +2,7 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { version } from '../version.js';
 import { addHostOptions } from './doctor-command.js';
-import { layoutFrom } from './options.js';
+import { layoutFrom } from '../wiring/options.js';
 
 export function registerStatusCommand(program: Command): void {
   addHostOptions(

@@ -4,7 +4,7 @@ import { rfc3339Schema, slotIdSchema, tokenIdSchema } from './renew-wire.js';
 
 /**
  * The host link's wire contract (SPEC §8), shared by the host (`enroll`, later the link)
- * and the Gateway stand-ins (`gateway-standin/host-control.ts`):
+ * and the Gateway stand-ins (`dev/demo-gateway/host-control.ts`):
  *
  *   POST {gw}/v1/host/enroll      {"requestId", "code", "host": {"hostname", "version"}}
  *                                 200 {"hostId", "credential"} | 401 {"error": "code_invalid"}

@@ -8,7 +8,7 @@ import {
   parseDevRuntime,
   type DemoKind,
   type DevRuntime,
-} from '../data/dev-demo.js';
+} from './demo-wire.js';
 import { readAppliedState } from '../data/applied-state.js';
 import { parseJsonWith } from '../data/parse.js';
 import { stateLayout } from '../data/state-layout.js';

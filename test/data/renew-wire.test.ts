@@ -4,8 +4,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import t from 'tap';
 import { request } from 'undici';
-import { RenewAuthority } from '../../src/gateway-standin/authority.js';
-import { handleRenewHttp } from '../../src/gateway-standin/gateway-http.js';
+import { RenewAuthority } from '../../src/dev/demo-gateway/authority.js';
+import { handleRenewHttp } from '../../src/dev/demo-gateway/gateway-http.js';
 import {
   cliSlot,
   instanceSlot,

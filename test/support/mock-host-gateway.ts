@@ -1,9 +1,9 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { RenewAuthority, type RenewAuthorityOptions } from '../../src/gateway-standin/authority.js';
-import { handleRenewHttp } from '../../src/gateway-standin/gateway-http.js';
-import { HostControl, type LinkResult } from '../../src/gateway-standin/host-control.js';
+import { RenewAuthority, type RenewAuthorityOptions } from '../../src/dev/demo-gateway/authority.js';
+import { handleRenewHttp } from '../../src/dev/demo-gateway/gateway-http.js';
+import { HostControl, type LinkResult } from '../../src/dev/demo-gateway/host-control.js';
 import type { AuditUpload } from '../../src/data/audit-event.js';
-import { answerStatePoll, parseHostHttp, sendLinkResult, type HostEndpoint } from '../../src/gateway-standin/host-http.js';
+import { answerStatePoll, parseHostHttp, sendLinkResult, type HostEndpoint } from '../../src/dev/demo-gateway/host-http.js';
 import { LoopbackServer } from './loopback-server.js';
 
 /**

@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/gateway-standin/authority.js';
-import { parseRenewHttp, sendRenewResult } from '../../src/gateway-standin/gateway-http.js';
+import { RenewAuthority, type RenewAuthorityOptions, type RenewResult } from '../../src/dev/demo-gateway/authority.js';
+import { parseRenewHttp, sendRenewResult } from '../../src/dev/demo-gateway/gateway-http.js';
 import { Wakeups } from './wakeups.js';
 import { LoopbackServer } from './loopback-server.js';
 

@@ -1,5 +1,5 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { slotIdSchema, type RenewConflict, type RenewError, type RenewOk, type RenewRequest } from '../data/renew-wire.js';
+import { slotIdSchema, type RenewConflict, type RenewError, type RenewOk, type RenewRequest } from '../../data/renew-wire.js';
 
 /**
  * The Gateway's side of renewal (SPEC §4) as a small synchronous state machine, used by

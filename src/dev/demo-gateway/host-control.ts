@@ -4,10 +4,10 @@ import {
   type DesiredBinding,
   type DesiredProvider,
   type DesiredState,
-} from '../data/desired-state.js';
-import { STATE_POLL_MAX_MS, type EnrollOk, type EnrollRequest, type LinkError, type Presence } from '../data/link-wire.js';
-import { cliSlot, instanceSlot } from '../data/renew-wire.js';
-import type { AuditEvent, AuditUpload } from '../data/audit-event.js';
+} from '../../data/desired-state.js';
+import { STATE_POLL_MAX_MS, type EnrollOk, type EnrollRequest, type LinkError, type Presence } from '../../data/link-wire.js';
+import { cliSlot, instanceSlot } from '../../data/renew-wire.js';
+import type { AuditEvent, AuditUpload } from '../../data/audit-event.js';
 import type { CredentialValidator, RenewAuthority } from './authority.js';
 
 /**

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { DesiredBinding, DesiredProvider } from '../data/desired-state.js';
+import type { DesiredBinding, DesiredProvider } from '../../data/desired-state.js';
 import {
   DEMO_CONTROL_PATH,
   demoKindSchema,
@@ -8,8 +8,8 @@ import {
   type DemoConnection,
   type DemoControlAnswer,
   type DemoKind,
-} from '../data/dev-demo.js';
-import { checkHost, checkOrigin } from '../http/loopback.js';
+} from '../demo-wire.js';
+import { checkHost, checkOrigin } from '../../http/loopback.js';
 import type { HostControl } from './host-control.js';
 
 /**

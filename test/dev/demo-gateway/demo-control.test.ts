@@ -1,12 +1,12 @@
 import { request } from 'undici';
 import t from 'tap';
-import { RenewAuthority } from '../../src/gateway-standin/authority.js';
-import { DemoConnections } from '../../src/gateway-standin/demo-control.js';
-import { DemoGateway } from '../../src/gateway-standin/demo-gateway.js';
-import { HostControl } from '../../src/gateway-standin/host-control.js';
-import { demoControlAnswerSchema } from '../../src/data/dev-demo.js';
-import { memoryLogger } from '../support/memory-log.js';
-import type { TapTest } from '../support/tap.js';
+import { RenewAuthority } from '../../../src/dev/demo-gateway/authority.js';
+import { DemoConnections } from '../../../src/dev/demo-gateway/demo-control.js';
+import { DemoGateway } from '../../../src/dev/demo-gateway/demo-gateway.js';
+import { HostControl } from '../../../src/dev/demo-gateway/host-control.js';
+import { demoControlAnswerSchema } from '../../../src/dev/demo-wire.js';
+import { memoryLogger } from '../../support/memory-log.js';
+import type { TapTest } from '../../support/tap.js';
 
 /** The demo platform's control surface on a real demo Gateway (port 0). */
 async function start(t: TapTest): Promise<{ gw: DemoGateway; control: HostControl; connections: DemoConnections }> {

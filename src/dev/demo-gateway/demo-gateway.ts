@@ -7,7 +7,7 @@ import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
-import type { Logger } from '../log/logger.js';
+import type { Logger } from '../../log/logger.js';
 import type { RenewAuthority } from './authority.js';
 import { handleDemoControlHttp, isDemoApiSlot, type DemoConnections } from './demo-control.js';
 import { handleRenewHttp } from './gateway-http.js';

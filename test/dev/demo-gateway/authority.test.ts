@@ -1,8 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import { inspect } from 'node:util';
 import t from 'tap';
-import { RenewAuthority, type RenewResult } from '../../src/gateway-standin/authority.js';
-import { renewConflictSchema, renewErrorSchema, renewOkSchema, type RenewOk } from '../../src/data/renew-wire.js';
+import { RenewAuthority, type RenewResult } from '../../../src/dev/demo-gateway/authority.js';
+import { renewConflictSchema, renewErrorSchema, renewOkSchema, type RenewOk } from '../../../src/data/renew-wire.js';
 
 const CRED = 'host-cred-секрет-1';
 const SLOT = 'instance:abc';

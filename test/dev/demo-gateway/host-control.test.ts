@@ -1,8 +1,8 @@
 import t from 'tap';
-import { RenewAuthority } from '../../src/gateway-standin/authority.js';
-import { HostControl } from '../../src/gateway-standin/host-control.js';
-import type { EnrollOk, EnrollRequest } from '../../src/data/link-wire.js';
-import type { DesiredState } from '../../src/data/desired-state.js';
+import { RenewAuthority } from '../../../src/dev/demo-gateway/authority.js';
+import { HostControl } from '../../../src/dev/demo-gateway/host-control.js';
+import type { EnrollOk, EnrollRequest } from '../../../src/data/link-wire.js';
+import type { DesiredState } from '../../../src/data/desired-state.js';
 
 const RID1 = '11111111-1111-4111-8111-111111111111';
 const RID2 = '22222222-2222-4222-8222-222222222222';

@@ -3,48 +3,58 @@ import { mkdir, readdir, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { demoKindSchema, demoNameSchema, type DemoKind } from '../data/dev-demo.js';
+import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
+import { pathSetupCommand } from '../cli/cli-proxy-commands.js';
+import { AGENTS, mcpAddCommand, mcpUrl } from '../cli/mcp-add.js';
 import { handoffPaths } from '../data/handoff.js';
 import { readInstances } from '../data/registry.js';
 import { stateLayout, type StateLayout } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
-import { createCliProxyService } from '../cli-proxy/cli-proxy-service.js';
-import { changeDemoConnection, readDevRuntime, writeDevRuntime } from '../dev/demo-control-client.js';
-import { createHostReport } from '../dev/host-report.js';
-import { createForwarderService } from '../forwarder/forwarder-service.js';
 import { atomicWrite } from '../fs/atomic-write.js';
-import { RenewAuthority } from '../gateway-standin/authority.js';
-import { DEMO_PROVIDER, DemoConnections } from '../gateway-standin/demo-control.js';
-import { DemoGateway } from '../gateway-standin/demo-gateway.js';
-import { HostControl } from '../gateway-standin/host-control.js';
-import { parseListen } from '../http/loopback.js';
+import { parseListen, type ListenAddress } from '../http/loopback.js';
 import { DEFAULT_BODY_LIMIT } from '../http/request-body.js';
 import { defaultUpstreamOptions } from '../http/upstream-agent.js';
 import { enroll, linkFiles, type Systemd } from '../link/enroll.js';
-import { createLinkServices } from '../link/link.js';
-import { defaultPresenceConfig } from '../link/presence.js';
-import { defaultStatePollerConfig } from '../link/state-poller.js';
-import { createApplyService } from '../apply/apply-service.js';
-import { defaultRenewalConfig } from '../link/renewal/renewal-service.js';
-import { DEFAULT_AUDIT_MAX_EVENTS } from '../cli-proxy/audit-spool.js';
-import { defaultAuditUploadConfig } from '../link/audit-upload.js';
+import { parseMetricsListen } from '../metrics/metrics-service.js';
 import { createNotifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
-import { installShims } from '../shims/install.js';
 import { shQuote } from '../shims/render.js';
 import { version } from '../version.js';
-import { pathSetupCommand } from './cli-proxy-commands.js';
-import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
-import { devMetrics, devMetricsOption } from './dev-command-metrics.js';
-import { AGENTS, mcpAddCommand, mcpUrl } from './mcp-add.js';
-import { logLevelOption, loggerFrom, parseOption, positiveInt } from './options.js';
+import { buildParts, loopbackBase, type PartsConfig } from '../wiring/build-parts.js';
+import { DEFAULT_CLI_BODY_LIMIT, DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from '../wiring/defaults.js';
+import { addMetricsFlag } from '../wiring/metrics-flag.js';
+import { logLevelOption, loggerFrom, OptionErrors, parseOption, positiveInt } from '../wiring/options.js';
+import { applyConfig } from '../wiring/apply-part.js';
+import { linkConfig } from '../wiring/link-part.js';
+import { changeDemoConnection, readDevRuntime, writeDevRuntime } from './demo-control-client.js';
+import { RenewAuthority } from './demo-gateway/authority.js';
+import { DEMO_PROVIDER, DemoConnections } from './demo-gateway/demo-control.js';
+import { DemoGateway } from './demo-gateway/demo-gateway.js';
+import { HostControl } from './demo-gateway/host-control.js';
+import { demoKindSchema, demoNameSchema, type DemoKind } from './demo-wire.js';
+import { createHostReport } from './host-report.js';
 
 const DEFAULT_DEV_STATE = './.state';
 /** The system state root: dev wipes its host state at start, so it never runs there. */
 const SYSTEM_STATE_DIR = '/var/lib/agent-connectors';
 
-function hostForUrl(host: string): string {
-  return host.includes(':') ? `[${host}]` : host;
+/**
+ * On by default in dev (it is for trying the product, and metrics are part of it), at a
+ * fixed port so a local Prometheus keeps scraping across restarts.
+ */
+export const DEFAULT_DEV_METRICS_LISTEN = '127.0.0.1:14325';
+/** Ctrl-C should not wait the production 10 s for a demo stream to finish. */
+const DEV_SHUTDOWN_GRACE_MS = 2_000;
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve: (value: T) => void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((r) => (resolve = r));
+  return { promise, resolve };
 }
 
 /** Human lines for the person at the terminal (stderr: stdout carries the JSON log). */
@@ -62,7 +72,7 @@ const NO_SYSTEMD: Systemd = {
 async function installDemoCli(stateDir: string): Promise<string> {
   const dir = join(stateDir, 'demo-bin');
   await mkdir(dir, { recursive: true, mode: 0o755 });
-  const script = fileURLToPath(new URL('../dev/demo-cli.js', import.meta.url));
+  const script = fileURLToPath(new URL('./demo-cli.js', import.meta.url));
   await atomicWrite(join(dir, 'acdemo'), `#!/bin/sh\nexec ${shQuote(process.execPath)} ${shQuote(script)} "$@"\n`, { mode: 0o755 });
   return dir;
 }
@@ -112,14 +122,14 @@ function controlCommand(stateDirFlag: string, words: string): string {
  * Bindings and providers reach the host only through the desired state.
  */
 async function runDev(opts: { stateDir: string; listen: string; cliListen: string; metricsListen: string; logLevel: string; tokenLifetimeS: string }): Promise<void> {
-  const listen = parseListen(opts.listen);
-  const cliListen = parseListen(opts.cliListen);
-  let metricsPortKnown!: (port: number) => void;
-  const metricsPort = new Promise<number>((resolvePort) => (metricsPortKnown = resolvePort));
-  // Parsed before anything starts, so a bad address is a usage error (exit 2).
-  const metrics = devMetrics(opts.metricsListen, [listen, cliListen], (port) => metricsPortKnown(port));
+  // Every option parsed before anything starts, so a bad one is a usage error (exit 2).
+  const errors = new OptionErrors();
+  const listen = errors.attempt(() => parseListen(opts.listen), { host: '127.0.0.1', port: 0 });
+  const cliListen = errors.attempt(() => parseListen(opts.cliListen, '--cli-listen'), { host: '127.0.0.1', port: 0 });
+  const metricsListen = errors.attempt(() => parseMetricsListen(opts.metricsListen), undefined);
+  const lifetimeMs = errors.parse(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s', 60) * 1000;
+  errors.done();
   const log = loggerFrom(opts);
-  const lifetimeMs = parseOption(positiveInt, opts.tokenLifetimeS, '--token-lifetime-s') * 1000;
   const stateDir = resolve(opts.stateDir);
   if (stateDir === SYSTEM_STATE_DIR) throw new ConfigError(`dev resets its host state at start: give it a state directory of its own, not ${SYSTEM_STATE_DIR}`);
   const layout = stateLayout(stateDir);
@@ -164,112 +174,43 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
     });
     say('dev runs that link itself, with apply, the forwarder and the cli-proxy:');
 
-    const paths = handoffPaths(layout.handoff);
     const demoBin = await installDemoCli(stateDir);
     const shimDir = layout.shims;
-    let cliPortKnown!: (port: number) => void;
-    const cliPort = new Promise<number>((resolvePort) => (cliPortKnown = resolvePort));
-    const cliProxyUrl = cliPort.then((port) => `http://${hostForUrl(cliListen.host)}:${port}`);
-    let forwarderBase: string | undefined;
-    let cliProxyBase: string | undefined;
-    // Filled in as the proxies listen (a port may be 0); presence reads it at each report.
-    const health: Record<string, string> = {};
+    const ports = { forwarder: deferred<number>(), cliProxy: deferred<number>(), metrics: deferred<number>() };
+    const proxy = { upstream: defaultUpstreamOptions, shutdownGraceMs: DEV_SHUTDOWN_GRACE_MS };
+    // The production wiring, every part of it, pointed at the demo Gateway.
+    const parts: PartsConfig = {
+      forwarder: { ...proxy, listen, instancesPath: layout.instances, bodyLimit: DEFAULT_BODY_LIMIT },
+      cliProxy: { ...proxy, listen: cliListen, providersPath: layout.providers, bodyLimit: DEFAULT_CLI_BODY_LIMIT, audit: { dir: layout.audit, maxEvents: DEFAULT_AUDIT_MAX_EVENTS } },
+      // A burst of demo CLI calls shows up in the demo Gateway's log within a second.
+      link: linkConfig({ gatewayUrl: gateway.baseUrl, credentialPath, hostId: enrolled.hostId, layout }, { auditMinGapMs: 500 }),
+      apply: applyConfig(layout, { dir: shimDir, proxyUrl: '' }),
+      metrics: metricsListen && { listen: metricsListen, onListening: ports.metrics.resolve },
+    };
+    const base = (address: ListenAddress, port: Deferred<number>): Promise<string> => port.promise.then((p) => loopbackBase(address, p));
+    const forwarderBase = base(listen, ports.forwarder);
+    const cliProxyBase = base(cliListen, ports.cliProxy);
+    let served: { forwarder?: string; cliProxy?: string } = {};
+    void Promise.all([forwarderBase, cliProxyBase]).then(([f, c]) => (served = { forwarder: f, cliProxy: c }));
 
-    const link = createLinkServices(
-      {
-        gatewayUrl: gateway.baseUrl,
-        credentialPath,
-        renewal: { ...defaultRenewalConfig, handoffDir: paths.root, privateDir: layout.fetchPrivate, metrics: metrics?.renewal },
-        enrolled: {
-          poller: { ...defaultStatePollerConfig, handoffDir: paths.root, metrics: metrics?.link },
-          presence: { ...defaultPresenceConfig, handoffDir: paths.root, hostId: enrolled.hostId, version, health },
-          audit: { ...defaultAuditUploadConfig, dir: layout.audit, minGapMs: 500 },
-        },
-      },
-      log,
-    );
-    const apply = createApplyService({
-      watch: true,
-      rescanMs: 30_000,
-      paths,
-      layout,
-      reconcile: {
-        renderShims: async (catalog) => {
-          const r = await installShims(catalog, shimDir, await cliProxyUrl);
-          log.info({ dir: shimDir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
-        },
-      },
-      metrics: metrics?.apply,
-    });
     const report = createHostReport({
-      handoffDir: paths.root,
+      handoffDir: layout.handoff,
       instancesPath: layout.instances,
       providersPath: layout.providers,
       nameOf: (id) => connections.nameOf(id),
-      forwarderBase: () => forwarderBase,
-      cliProxyBase: () => cliProxyBase,
+      forwarderBase: () => served.forwarder,
+      cliProxyBase: () => served.cliProxy,
       say,
     });
-    const cliProxy = createCliProxyService({
-      config: {
-        listen: cliListen,
-        providersPath: layout.providers,
-        bodyLimit: DEFAULT_CLI_BODY_LIMIT,
-        upstream: defaultUpstreamOptions,
-        shutdownGraceMs: 2_000,
-        audit: { dir: layout.audit, maxEvents: DEFAULT_AUDIT_MAX_EVENTS },
-        observer: metrics?.cliProxy,
-      },
-      onListening: (port) => {
-        cliProxyBase = `http://${hostForUrl(cliListen.host)}:${port}`;
-        health['cli-proxy'] = `${cliProxyBase}/healthz`;
-        cliPortKnown(port);
-      },
-    });
-    const forwarder = createForwarderService({
-      config: { listen, instancesPath: layout.instances, bodyLimit: DEFAULT_BODY_LIMIT, upstream: defaultUpstreamOptions, shutdownGraceMs: 2_000, observer: metrics?.forwarder },
-      onListening: async (port) => {
-        const base = `http://${hostForUrl(listen.host)}:${port}`;
-        forwarderBase = base;
-        health.forwarder = `${base}/healthz`;
-        const cliBase = await cliProxyUrl;
-        await writeDevRuntime(stateDir, { pid: process.pid, gateway: gateway.baseUrl, forwarder: base, cliProxy: cliBase, bindingIds: { ...connections.bindingIds } });
-        const url = mcpUrl(base, connections.bindingIds.demo ?? '');
-        const metricsLine = metrics
-          ? `  metrics:   http://${hostForUrl(metrics.listen.host)}:${await metricsPort}/metrics (every part; the part label tells them apart)`
-          : '  metrics:   off (--metrics-listen HOST:PORT serves them)';
-        const lines = [
-          '',
-          'agent-connectors dev is running.',
-          `  state:     ${stateDir}`,
-          `  MCP URL:   ${url}`,
-          `  health:    ${base}/healthz`,
-          metricsLine,
-          `  renewal:   tokens live ${lifetimeMs / 1000} s; watch the "renewed" and "token applied" log lines`,
-          '',
-          'Point an agent at it:',
-          ...AGENTS.map((a) => `  ${mcpAddCommand(a, 'connectors', url)}`),
-          '',
-          'Demo tools: echo, add, whoami (shows the token id in use), count (streams progress over SSE).',
-          '',
-          'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
-          `  PATH=${shimDir}:${demoBin}:$PATH acdemo whoami`,
-          `  PATH=${shimDir}:${demoBin}:$PATH acdemo items notes`,
-          '  each call is audited: the demo Gateway logs "audit event received" (provider, method, path, status)',
-          'Give an agent the shim directory:',
-          ...AGENTS.map((a) => `  ${pathSetupCommand(a, shimDir)}`),
-          '',
-          'Connect and disconnect demo SaaS in the platform; the host follows through its link, no edit:',
-          `  page:  ${gateway.baseUrl}/demo`,
-          `  ${controlCommand(opts.stateDir, 'connect binding sandbox')}`,
-          `  ${controlCommand(opts.stateDir, 'disconnect provider demo')}`,
-          '  (bindings: demo, sandbox; provider: demo)',
-          'Ctrl-C stops.',
-          '',
-        ];
-        say(lines.join('\n'));
-      },
-    });
+    const announce = async (): Promise<void> => {
+      const [fwd, cli] = await Promise.all([forwarderBase, cliProxyBase]);
+      await writeDevRuntime(stateDir, { pid: process.pid, gateway: gateway.baseUrl, forwarder: fwd, cliProxy: cli, bindingIds: { ...connections.bindingIds } });
+      const metricsLine = metricsListen
+        ? `  metrics:   ${loopbackBase(metricsListen, await ports.metrics.promise)}/metrics (every part; the part label tells them apart)`
+        : '  metrics:   off (--metrics-listen HOST:PORT serves them)';
+      say(banner({ stateDir, url: mcpUrl(fwd, connections.bindingIds.demo ?? ''), forwarder: fwd, metricsLine, lifetimeMs, shimDir, demoBin, gateway: gateway.baseUrl, stateDirFlag: opts.stateDir }));
+    };
+    void announce().catch((err: unknown) => log.warn({ err: { message: (err as Error).message } }, 'could not write dev.json'));
 
     // Closed as soon as the stop begins, so upstream streams through the forwarder end too.
     const gatewayService: Service = {
@@ -279,15 +220,47 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
         await gateway.close();
       },
     };
+    const services = buildParts(parts, log, { forwarderListening: ports.forwarder.resolve, cliProxyListening: ports.cliProxy.resolve });
     // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
-    const services = [gatewayService, apply, ...link, report, cliProxy, forwarder];
-    if (metrics) services.push(metrics.service);
-    await runServices(services, { log, notifier: createNotifier({ log, env: {} }) });
+    await runServices([gatewayService, report, ...services], { log, notifier: createNotifier({ log, env: {} }) });
   } finally {
     await gateway.close();
     // `dev connect` must not talk to a port this run no longer holds.
     await writeDevRuntime(stateDir, { pid: null, gateway: null, forwarder: null, cliProxy: null, bindingIds: { ...connections.bindingIds } }).catch(() => undefined);
   }
+}
+
+/** What dev prints once every part is up: where things are and what to type next. */
+function banner(b: { stateDir: string; url: string; forwarder: string; metricsLine: string; lifetimeMs: number; shimDir: string; demoBin: string; gateway: string; stateDirFlag: string }): string {
+  return [
+    '',
+    'agent-connectors dev is running.',
+    `  state:     ${b.stateDir}`,
+    `  MCP URL:   ${b.url}`,
+    `  health:    ${b.forwarder}/healthz`,
+    b.metricsLine,
+    `  renewal:   tokens live ${b.lifetimeMs / 1000} s; watch the "renewed" and "token applied" log lines`,
+    '',
+    'Point an agent at it:',
+    ...AGENTS.map((a) => `  ${mcpAddCommand(a, 'connectors', b.url)}`),
+    '',
+    'Demo tools: echo, add, whoami (shows the token id in use), count (streams progress over SSE).',
+    '',
+    'A shell CLI through the cli-proxy (the CLI sees a placeholder, never the token):',
+    `  PATH=${b.shimDir}:${b.demoBin}:$PATH acdemo whoami`,
+    `  PATH=${b.shimDir}:${b.demoBin}:$PATH acdemo items notes`,
+    '  each call is audited: the demo Gateway logs "audit event received" (provider, method, path, status)',
+    'Give an agent the shim directory:',
+    ...AGENTS.map((a) => `  ${pathSetupCommand(a, b.shimDir)}`),
+    '',
+    'Connect and disconnect demo SaaS in the platform; the host follows through its link, no edit:',
+    `  page:  ${b.gateway}/demo`,
+    `  ${controlCommand(b.stateDirFlag, 'connect binding sandbox')}`,
+    `  ${controlCommand(b.stateDirFlag, 'disconnect provider demo')}`,
+    '  (bindings: demo, sandbox; provider: demo)',
+    'Ctrl-C stops.',
+    '',
+  ].join('\n');
 }
 
 function addChangeCommand(dev: Command, action: 'connect' | 'disconnect'): void {
@@ -311,13 +284,15 @@ function addChangeCommand(dev: Command, action: 'connect' | 'disconnect'): void 
 }
 
 export function registerDevCommand(program: Command): void {
-  const dev = program
-    .command('dev')
-    .description('a managed host and its demo platform in one process, state under ./.state (no root, no systemd)')
-    .option('--state-dir <dir>', 'state root for the demo', DEFAULT_DEV_STATE)
-    .option('--listen <host:port>', 'forwarder address', DEFAULT_FORWARDER_LISTEN)
-    .option('--cli-listen <host:port>', 'cli-proxy address', DEFAULT_CLI_PROXY_LISTEN)
-    .addOption(devMetricsOption())
+  const dev = addMetricsFlag(
+    program
+      .command('dev')
+      .description('a managed host and its demo platform in one process, state under ./.state (no root, no systemd)')
+      .option('--state-dir <dir>', 'state root for the demo', DEFAULT_DEV_STATE)
+      .option('--listen <host:port>', 'forwarder address', DEFAULT_FORWARDER_LISTEN)
+      .option('--cli-listen <host:port>', 'cli-proxy address', DEFAULT_CLI_PROXY_LISTEN),
+    { default: DEFAULT_DEV_METRICS_LISTEN },
+  )
     .option('--token-lifetime-s <n>', 'lifetime of demo tokens; renewal runs at 2/3 of it', '60')
     .addOption(logLevelOption())
     .action(runDev);

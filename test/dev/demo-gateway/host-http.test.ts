@@ -1,10 +1,10 @@
 import t from 'tap';
 import { request } from 'undici';
-import { parseDesiredState } from '../../src/data/desired-state.js';
-import { enrollOkSchema } from '../../src/data/link-wire.js';
-import { craftedStates, MockHostGateway } from '../support/mock-host-gateway.js';
-import { until } from '../support/poll.js';
-import type { TapTest } from '../support/tap.js';
+import { parseDesiredState } from '../../../src/data/desired-state.js';
+import { enrollOkSchema } from '../../../src/data/link-wire.js';
+import { craftedStates, MockHostGateway } from '../../support/mock-host-gateway.js';
+import { until } from '../../support/poll.js';
+import type { TapTest } from '../../support/tap.js';
 
 /*
  * The host link endpoints over real HTTP (the glue shared by the dev demo Gateway and the

@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { z } from 'zod';
-import { AppError } from '../errors.js';
-import { readBody } from '../http/request-body.js';
+import { AppError } from '../../errors.js';
+import { readBody } from '../../http/request-body.js';
 import {
   ENROLL_PATH,
   PRESENCE_PATH,
@@ -11,8 +11,8 @@ import {
   stateAfterSchema,
   type EnrollRequest,
   type Presence,
-} from '../data/link-wire.js';
-import { AUDIT_BODY_LIMIT, AUDIT_PATH, auditUploadSchema, type AuditUpload } from '../data/audit-event.js';
+} from '../../data/link-wire.js';
+import { AUDIT_BODY_LIMIT, AUDIT_PATH, auditUploadSchema, type AuditUpload } from '../../data/audit-event.js';
 import { bearerOf, isJsonContentType } from './gateway-http.js';
 import type { HostControl, LinkResult } from './host-control.js';
 

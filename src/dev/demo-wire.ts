@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { isLoopbackHostname } from '../net/loopback-address.js';
-import { parseJsonWith, type ParseResult } from './parse.js';
-import { bindingIdSchema } from './registry.js';
+import { parseJsonWith, type ParseResult } from '../data/parse.js';
+import { bindingIdSchema } from '../data/registry.js';
 
 /**
  * The formats of `agent-connectors dev`'s demo platform:

@@ -46,6 +46,44 @@ export function parseOption<T>(schema: z.ZodType<T>, value: unknown, flag: strin
 }
 
 /**
+ * Every problem with a command's options, reported together (headscale's LoadConfig): an
+ * operator fixing a unit's ExecStart= sees all of them in one start, not one per restart.
+ * A failed value is replaced by its fallback so parsing can go on; `done()` throws before
+ * anything could use one.
+ */
+export class OptionErrors {
+  readonly #problems: string[] = [];
+
+  parse<T>(schema: z.ZodType<T>, value: unknown, flag: string, fallback: T): T {
+    const r = schema.safeParse(value);
+    if (r.success) return r.data;
+    this.#problems.push(`${flag}: ${r.error.issues[0]?.message ?? 'invalid value'}`);
+    return fallback;
+  }
+
+  /** A parser that throws ConfigError (listen addresses, user names): its message is kept. */
+  attempt<T>(parse: () => T, fallback: T): T {
+    try {
+      return parse();
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err;
+      this.#problems.push(err.message);
+      return fallback;
+    }
+  }
+
+  add(problem: string): void {
+    this.#problems.push(problem);
+  }
+
+  done(): void {
+    const [first, ...rest] = this.#problems;
+    if (first === undefined) return;
+    throw new ConfigError(rest.length === 0 ? first : `${this.#problems.length} problems with the options:\n  ${this.#problems.join('\n  ')}`);
+  }
+}
+
+/**
  * `--allowed-uids 1000,alice`: numeric UIDs or user names (looked up in /etc/passwd, so
  * a typo fails at start rather than locking everyone out silently).
  */
@@ -98,15 +136,17 @@ export interface ServerOptions {
   tokenWaitMs: number;
 }
 
-/** Validates what addServerOptions declared. */
-export function serverOptions(opts: Record<string, unknown>): ServerOptions {
+const NO_LISTEN: ListenAddress = { host: '127.0.0.1', port: 0 };
+
+/** Validates what addServerOptions declared; problems go to `errors`. */
+export function serverOptions(opts: Record<string, unknown>, errors: OptionErrors): ServerOptions {
   return {
-    listen: parseListen(String(opts.listen)),
-    bodyLimit: parseOption(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes'),
-    upstream: { ...defaultUpstreamOptions, headersTimeoutMs: parseOption(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms') },
-    shutdownGraceMs: parseOption(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms'),
-    allowedUids: parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined),
+    listen: errors.attempt(() => parseListen(String(opts.listen)), NO_LISTEN),
+    bodyLimit: errors.parse(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes', 1),
+    upstream: { ...defaultUpstreamOptions, headersTimeoutMs: errors.parse(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms', 1) },
+    shutdownGraceMs: errors.parse(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms', 1),
+    allowedUids: errors.attempt(() => parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined), undefined),
     agentUsersFile: typeof opts.agentUsersFile === 'string' ? resolve(opts.agentUsersFile) : undefined,
-    tokenWaitMs: parseOption(nonNegativeInt, opts.tokenWaitMs, '--token-wait-ms'),
+    tokenWaitMs: errors.parse(nonNegativeInt, opts.tokenWaitMs, '--token-wait-ms', 0),
   };
 }

@@ -1,8 +1,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { AppError } from '../errors.js';
-import { readBody } from '../http/request-body.js';
+import { AppError } from '../../errors.js';
+import { readBody } from '../../http/request-body.js';
 import type { RenewAuthority, RenewBody, RenewResult } from './authority.js';
-import { matchRenewPath, renewRequestSchema, type RenewRequest } from '../data/renew-wire.js';
+import { matchRenewPath, renewRequestSchema, type RenewRequest } from '../../data/renew-wire.js';
 
 /**
  * node:http glue for the Gateway side of renewal: `POST /v1/host/credentials/{slot}/renew`

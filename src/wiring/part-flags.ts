@@ -1,0 +1,29 @@
+import type { ListenAddress } from '../http/loopback.js';
+import { parseMetricsListen } from '../metrics/metrics-service.js';
+import type { MetricsTarget, PartsConfig } from './build-parts.js';
+import type { OptionErrors } from './options.js';
+
+/**
+ * Each part's flags are declared once with their defaults, beside the one function per
+ * part that turns them into its typed config (every problem reported together): the
+ * forwarder and cli-proxy in proxy-parts.ts, the link in link-part.ts, apply in
+ * apply-part.ts. The commands and their aliases (`renew fetch`) only pick a part; `dev`
+ * builds the same configs in code. One file per part, so a command loads only its own.
+ */
+
+export type Opts = Record<string, string | boolean | undefined>;
+
+export function str(v: unknown): string | undefined {
+  return typeof v === 'string' ? v : undefined;
+}
+
+/** `--metrics-listen` as a target; a part's own port is refused in buildParts. */
+export function metricsTarget(opts: Opts, errors: OptionErrors): MetricsTarget | undefined {
+  const listen = errors.attempt(() => parseMetricsListen(str(opts.metricsListen)), undefined);
+  return listen && { listen };
+}
+
+/** The listen addresses of the proxies a parts config runs (dev prints them). */
+export function proxyListens(config: PartsConfig): ListenAddress[] {
+  return [config.forwarder?.listen, config.cliProxy?.listen].filter((l): l is ListenAddress => l !== undefined);
+}
