@@ -88,7 +88,7 @@ async function rememberedBindingIds(layout: StateLayout): Promise<Record<string,
  */
 async function resetHostState(layout: StateLayout, credentialPath: string): Promise<void> {
   const files = linkFiles(credentialPath);
-  for (const path of [files.credential, files.env, files.pending, layout.instances, layout.providers, layout.handoff, layout.fetchPrivate]) {
+  for (const path of [files.credential, files.env, files.pending, layout.instances, layout.providers, layout.handoff, layout.linkPrivate]) {
     await rm(path, { recursive: true, force: true });
   }
   for (const dir of [layout.forwarderDir, layout.cliProxyDir]) {
@@ -182,7 +182,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
       gatewayUrl: gateway.baseUrl,
       credentialPath,
       handoffDir: paths.root,
-      privateDir: layout.fetchPrivate,
+      privateDir: layout.linkPrivate,
       metrics: metrics?.renewal,
     });
     const link = createLinkServices(

@@ -7,6 +7,7 @@ import { hostIdSchema } from '../data/link-wire.js';
 import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
 import { defaultAuditUploadConfig } from '../link/audit-upload.js';
 import { createLinkServices } from '../link/link.js';
+import { adoptOldPrivateState } from '../link/private-state.js';
 import { readPairingCode } from '../link/pairing-code.js';
 import { defaultPresenceConfig } from '../link/presence.js';
 import { defaultStatePollerConfig } from '../link/state-poller.js';
@@ -25,7 +26,7 @@ export function addLinkOptions(cmd: Command): Command {
     .option('--gateway <url>', 'Gateway base URL (default: $AGENT_CONNECTORS_GATEWAY_URL)')
     .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
     .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
-    .option('--state-dir <dir>', 'state root; renewal keeps its private state in <state>/renew-fetch')
+    .option('--state-dir <dir>', 'state root; renewal keeps its private state in <state>/link')
     .option('--host-id <id>', 'this host\'s id, from enroll (default: $AGENT_CONNECTORS_HOST_ID); without one only renewals run')
     .option('--once', 'renewals only: settle every due slot, then exit (for a timer); exit 1 if any did not settle')
     .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultFetchConfig.onceBudgetMs))
@@ -60,13 +61,15 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
   const once = Boolean(opts.once);
   const metrics = metricsFrom(opts, 'link');
   if (metrics && once) throw new ConfigError('--metrics-listen is for the long-running link: --once exits before anything could scrape it');
+  const adopted = await adoptOldPrivateState(layout);
+  if (adopted) log.info({ from: adopted, to: layout.linkPrivate }, 'moved the private state of an older version to its new name');
   const services: Service[] = [
     createFetchService({
       ...defaultFetchConfig,
       gatewayUrl,
       credentialPath,
       handoffDir: layout.handoff,
-      privateDir: layout.fetchPrivate,
+      privateDir: layout.linkPrivate,
       once,
       onceBudgetMs: parseOption(positiveInt, opts.onceBudgetMs, '--once-budget-ms'),
       backoff: { ...defaultFetchConfig.backoff, capMs: parseOption(positiveInt, opts.backoffCapMs, '--backoff-cap-ms') },

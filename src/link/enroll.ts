@@ -7,6 +7,7 @@ import { execa } from 'execa';
 import { z } from 'zod';
 import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, linkUrl, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
 import { parseJsonWith } from '../data/parse.js';
+import { LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError, EnrollError } from '../errors.js';
 import { atomicWrite, checkWritableDir } from '../fs/atomic-write.js';
 import { backoffDelay, parseRetryAfter, type BackoffOptions } from '../net/backoff.js';
@@ -29,8 +30,6 @@ import { hookEnabled } from '../service/test-hooks.js';
  */
 
 export const DEFAULT_CREDENTIAL_PATH = '/etc/agent-connectors/host-credential';
-/** The unit that holds the credential and runs `agent-connectors link` (named for its first job, renewal). */
-export const LINK_UNIT = 'agent-connectors-renew-fetch.service';
 export const GATEWAY_URL_ENV = 'AGENT_CONNECTORS_GATEWAY_URL';
 export const HOST_ID_ENV = 'AGENT_CONNECTORS_HOST_ID';
 
