@@ -51,7 +51,8 @@ const BUILDER = join(REPO_ROOT, 'build/packaging/build.js');
 const TOKEN_LIFETIME_MS = 30 * 60_000;
 /** Building a .deb runs npm ci and xz: minutes on a busy two-core machine. */
 const BUILD_TIMEOUT_MS = 5 * 60_000;
-const BUDGET_MS = 2 * BUILD_TIMEOUT_MS + 5 * 60_000;
+/** The previous release's build compiles its dist/ and builder first (one BUILD_TIMEOUT_MS a step). */
+const BUDGET_MS = 3 * BUILD_TIMEOUT_MS + 5 * 60_000;
 const TSC = join(REPO_ROOT, 'node_modules/typescript/bin/tsc');
 
 /**
@@ -125,14 +126,13 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
 
   // ---- host side: the two packages, the Gateway, the upstream -----------------------------
   const debOf = (v: string): string => join(debs, `${PKG}_${v}_all.deb`);
-  // Both at once: the machine waits on npm and xz as much as on the CPU.
-  const [previous, current] = await Promise.all([
-    buildPrevious(join(scratch, 'previous'), V1, debs),
-    run(process.execPath, [BUILDER, '--version', V2, '--out', debs], { env: { HOME: process.env.HOME ?? '/root' }, timeoutMs: BUILD_TIMEOUT_MS }).then((r) => ({
-      ok: r.code === 0,
-      log: `${r.stdout}${r.stderr}${r.code === 0 ? '' : `(${r.timedOut ? 'timed out' : `exit ${r.code}`})`}`,
-    })),
-  ]);
+  // One after the other: two builds at once on a busy two-core machine ran each past its timeout.
+  const previous = await buildPrevious(join(scratch, 'previous'), V1, debs);
+  const currentRun = previous.ok ? await run(process.execPath, [BUILDER, '--version', V2, '--out', debs], { env: { HOME: process.env.HOME ?? '/root' }, timeoutMs: BUILD_TIMEOUT_MS }) : undefined;
+  const current = {
+    ok: currentRun?.code === 0,
+    log: currentRun ? `${currentRun.stdout}${currentRun.stderr}${currentRun.code === 0 ? '' : `(${currentRun.timedOut ? 'timed out' : `exit ${currentRun.code}`})`}` : 'not built',
+  };
   for (const [v, built] of [[V1, previous], [V2, current]] as const) {
     if (!built.ok || !existsSync(debOf(v))) {
       t.fail(`building ${v} failed:\n${built.log}`);
