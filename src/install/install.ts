@@ -8,7 +8,7 @@ import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { LINK_UNIT, LINK_USER, OLD_LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
-import { LINK_STATE, moveOldLinkNames, type Act, type Systemctl } from './link-rename.js';
+import { LINK_STATE, moveOldLinkNames, OLD_STATE, OLD_STATE_LINK, type Act, type Systemctl } from './link-rename.js';
 
 /** Where the running package lives (the directory holding package.json and dist/). */
 export const PACKAGE_ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
@@ -83,8 +83,8 @@ export const PURGED_STATE = [
   SYSTEM_SHIM_DIR,
   LINK_STATE,
   `/var/lib/${LINK_USER}`,
-  '/var/lib/private/agent-connectors-renew-fetch',
-  '/var/lib/agent-connectors-renew-fetch',
+  OLD_STATE,
+  OLD_STATE_LINK,
 ] as const;
 
 export function renderUnit(text: string, libDir: string, node: string): string {

@@ -16,9 +16,9 @@ import { atomicWrite } from '../fs/atomic-write.js';
 const SYSTEMD_ETC = '/etc/systemd/system';
 const OLD_USER = unitStem(OLD_LINK_UNIT);
 /** DynamicUser= keeps StateDirectory= under /var/lib/private, with a symlink in /var/lib. */
-const OLD_STATE = join('/var/lib/private', OLD_USER);
+export const OLD_STATE = join('/var/lib/private', OLD_USER);
 export const LINK_STATE = join('/var/lib/private', LINK_USER);
-const OLD_STATE_LINK = join('/var/lib', OLD_USER);
+export const OLD_STATE_LINK = join('/var/lib', OLD_USER);
 const ENV_DIR = '/etc/agent-connectors';
 export const OLD_ENV = join(ENV_DIR, 'renew-fetch.env');
 export const LINK_ENV = join(ENV_DIR, 'link.env');
