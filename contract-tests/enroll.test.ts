@@ -83,9 +83,9 @@ t.test('enrol with the code on stdin: credential 0600, link.env 0644, the link u
   t.match(readFileSync(s.linkEnv, 'utf8'), new RegExp(`^AGENT_CONNECTORS_GATEWAY_URL=${s.gw.url}$`, 'm'));
   t.match(readFileSync(s.linkEnv, 'utf8'), new RegExp(`^AGENT_CONNECTORS_HOST_ID=${host?.hostId}$`, 'm'));
   t.notOk(existsSync(`${s.credential}.enroll-pending`), 'no pending requestId left');
-  t.same(s.systemctlCalls(), ['try-restart agent-connectors-renew-fetch.service', 'is-active agent-connectors-renew-fetch.service']);
+  t.same(s.systemctlCalls(), ['try-restart agent-connectors-link.service', 'is-active agent-connectors-link.service']);
   t.match(r.stdout, /enrolled as host host_[0-9a-f]+/);
-  t.match(r.stdout, /restarted agent-connectors-renew-fetch\.service/);
+  t.match(r.stdout, /restarted agent-connectors-link\.service/);
 });
 
 t.test('no systemd: says how to start the link, still exits 0', async (t) => {
@@ -193,7 +193,7 @@ t.test('unenroll stops the link and removes the credential; a second run has not
   t.equal(r.code, 0, r.stderr);
   t.notOk(existsSync(s.credential));
   t.notOk(existsSync(s.linkEnv));
-  t.ok(s.systemctlCalls().includes('stop agent-connectors-renew-fetch.service'));
+  t.ok(s.systemctlCalls().includes('stop agent-connectors-link.service'));
   t.match(r.stdout, /operator-managed again/);
   const again = await cli(['unenroll', '--credential', s.credential], { env: s.env });
   t.equal(again.code, 0);

@@ -446,7 +446,7 @@ t.test('no credential or token in slot files or in fetch private state', async (
   t.ok(knownSecrets.size >= 2 + minted, `every minted token is searched for (${knownSecrets.size} secrets, ${minted} minted)`);
   const files = allRigs.flatMap((r) => r.secretFreeFiles());
   t.ok(files.some((f) => f.includes('/slots/')), 'slot files were written');
-  t.ok(files.some((f) => f.includes('/renew-fetch/')), 'fetch private state was written');
+  t.ok(files.some((f) => f.includes('/link/')), 'fetch private state was written');
   const leaks = files.flatMap((f) => leakedSecrets(readFileSync(f, 'utf8')).map(() => f));
   t.same(leaks, [], 'no secret in any slot file or private state file');
   const stderr = allRigs.flatMap((r) => r.procs.flatMap((p) => p.stderr)).join('\n');

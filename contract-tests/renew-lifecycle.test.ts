@@ -107,7 +107,7 @@ t.test('fetch fails at start when it cannot write its private state', async (t) 
   });
   const exit = await within(proc.exited, 10_000, 'fetch to fail at start');
   t.equal(exit.code, 1, 'exit 1');
-  t.match(proc.stderr.join('\n'), /renew-fetch: cannot write fetch's private state in .*renew-fetch\/slots: permission denied/, 'stderr names its private state');
+  t.match(proc.stderr.join('\n'), /renew-fetch: cannot write fetch's private state in .*link\/slots: permission denied/, 'stderr names its private state');
 });
 
 t.test('apply fails at start when it cannot write the token files\' directory', async (t) => {

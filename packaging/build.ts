@@ -15,13 +15,14 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { execa } from 'execa';
 import { z } from 'zod';
-import { install, PURGED_STATE, unitFiles, vendorLayout } from '../src/install/install.js';
+import { TARGET_UNIT as TARGET } from '../src/data/unit-names.js';
+import { install, PURGED_STATE, RETIRED_UNITS, unitFiles, vendorLayout } from '../src/install/install.js';
 
 /** The checkout: build/packaging/build.js is two levels down. */
 const REPO = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const PACKAGING = join(REPO, 'packaging');
 const MAINTAINER_SCRIPTS = ['postinst', 'prerm', 'postrm'] as const;
-const TARGET = 'agent-connectors.target';
+const NODE = '/usr/bin/node';
 
 const packageJsonSchema = z.looseObject({ name: z.string(), version: z.string() });
 /** Debian's version syntax (upstream[-revision], no epoch here). */
@@ -74,7 +75,7 @@ async function main(): Promise<void> {
 
     const root = join(scratch, 'root');
     const l = vendorLayout();
-    await install({ prefix: '/usr', root, node: '/usr/bin/node', dryRun: false, activate: false, layout: l, from: REPO, nodeModules: join(modules, 'node_modules'), writeAgentUsers: false });
+    await install({ prefix: '/usr', root, node: NODE, dryRun: false, activate: false, layout: l, from: REPO, nodeModules: join(modules, 'node_modules'), writeAgentUsers: false });
     // The version the package says is the one the app reports (--version, /healthz).
     const shippedPkg = join(root, l.libDir, 'package.json');
     await writeFile(shippedPkg, `${JSON.stringify({ ...packageJsonSchema.parse(JSON.parse(await readFile(shippedPkg, 'utf8'))), version }, null, 2)}\n`);
@@ -89,8 +90,10 @@ async function main(): Promise<void> {
       VERSION: version,
       INSTALLED_SIZE: String(await duKiB(root)),
       SERVICES: units.filter((u) => u.endsWith('.service')).join(' '),
-      UNITS: units.join(' '),
+      // Purge removes the enablement links of 0.1.0's unit names too.
+      UNITS: [...units, ...RETIRED_UNITS].join(' '),
       TARGET,
+      CLI: `${NODE} ${join(l.libDir, 'dist', 'cli.js')}`,
       SYSUSERS: l.sysusers,
       TMPFILES: l.tmpfiles,
       PURGED: PURGED_STATE.join(' '),

@@ -83,7 +83,7 @@ export async function startLabTarget(work: string, repoRoot: string, log: (line:
     writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
     await lab.sh(
       `install -m 600 ${credentialFile} /etc/agent-connectors/host-credential && rm -f ${credentialFile} && ` +
-        `printf 'AGENT_CONNECTORS_GATEWAY_URL=%s\\n' '${gw.url}' > /etc/agent-connectors/renew-fetch.env`,
+        `printf 'AGENT_CONNECTORS_GATEWAY_URL=%s\\n' '${gw.url}' > /etc/agent-connectors/link.env`,
     );
     await lab.sh(`systemctl enable --now ${TARGET_UNIT} 2>&1`);
     await lab.sh(`until [ -s ${STATE}/mcp-forwarder/${INSTANCE}.token ]; do sleep 0.2; done`, 60_000);

@@ -14,8 +14,8 @@ import { tempDir } from '../../test/support/temp-dir.js';
 export const SVC = 'agent-connectors';
 export const FORWARDER = 'agent-connectors-forwarder.service';
 export const CLI_PROXY = 'agent-connectors-cli-proxy.service';
-/** The link (`agent-connectors link`; the unit keeps the name of its first job, renewal). */
-export const FETCH = 'agent-connectors-renew-fetch.service';
+/** The link (`agent-connectors link`), a DynamicUser named after the unit. */
+export const LINK = 'agent-connectors-link.service';
 export const APPLY = 'agent-connectors-renew-apply.service';
 export const TARGET = 'agent-connectors.target';
 export const AGENT_USER = 'ac-agent-lab';

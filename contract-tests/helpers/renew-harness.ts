@@ -157,7 +157,7 @@ export class RenewRig {
   }
 
   privateStatePath(slot: string): string {
-    return join(this.fetchState, 'renew-fetch', 'slots', `${slot}.json`);
+    return join(this.fetchState, 'link', 'slots', `${slot}.json`);
   }
 
   readPrivate(slot: string): PrivateState | undefined {
@@ -200,7 +200,7 @@ export class RenewRig {
 
   /** Files that must never hold a secret: slots/ and fetch's private state. */
   secretFreeFiles(): string[] {
-    return [...walk(join(this.handoff, 'slots')), ...walk(join(this.fetchState, 'renew-fetch'))];
+    return [...walk(join(this.handoff, 'slots')), ...walk(join(this.fetchState, 'link'))];
   }
 }
 

@@ -5,7 +5,7 @@ import t from 'tap';
 import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../../test/support/lab.js';
 import { MockHostGateway } from '../../test/support/mock-host-gateway.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
-import { APPLY, CLI_PROXY, DYNAMIC_UIDS, FETCH as LINK, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
+import { APPLY, CLI_PROXY, DYNAMIC_UIDS, LINK, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
 import { labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 

@@ -6,7 +6,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import t from 'tap';
 import { request } from 'undici';
 import { CLI_PROXY_PORT, FORWARDER_PORT, groupId, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../../test/support/lab.js';
-import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, FETCH, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
+import { APPLY, AGENT_USER, CLI_PROXY, DYNAMIC_UIDS, LINK, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
 import { scrape } from '../helpers/scrape.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
@@ -27,8 +27,8 @@ const INSTANCE = 'lab-inst';
 const SLOT = `instance:${INSTANCE}`;
 const BINDING = `lab_${randomBytes(12).toString('base64url')}`;
 const TOKEN_FILE = `${STATE}/mcp-forwarder/${INSTANCE}.token`;
-const FETCH_CREDENTIAL = `/run/credentials/${FETCH}/host-credential`;
-const FETCH_STATE = '/var/lib/private/agent-connectors-renew-fetch';
+const LINK_CREDENTIAL = `/run/credentials/${LINK}/host-credential`;
+const LINK_STATE = '/var/lib/private/agent-connectors-link';
 /** Token lifetime at the mock Gateway: fetch renews with a third left, so a rotation comes ~10 s after the first token. */
 const TOKEN_LIFETIME_MS = 15_000;
 
@@ -133,7 +133,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
   const credentialFile = join(unitDir, 'host-credential');
   writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
   chmodSync(credentialFile, 0o600);
-  dropIn(FETCH, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironment=AGENT_CONNECTORS_GATEWAY_URL=${gw.url}\n`);
+  dropIn(LINK, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironment=AGENT_CONNECTORS_GATEWAY_URL=${gw.url}\n`);
 
   // ---- boot ------------------------------------------------------------------------------
   let lab: Lab;
@@ -184,7 +184,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       new RegExp(`${u}: Got notification message from PID \\d+ \\(.*READY=1.*STATUS=serving 0 instance\\(s\\).*\\n(?:.*\\n)*?${u}: Changed start -> running`),
     );
     tt.ok(ready.ok, 'systemd: READY=1 with the STATUS took the unit from start to running', { log: unitLines(ready.text, FORWARDER) });
-    for (const unit of [CLI_PROXY, FETCH, APPLY]) {
+    for (const unit of [CLI_PROXY, LINK, APPLY]) {
       const p = await lab.waitShow(unit, ['ActiveState', 'SubState', 'StatusText'], (s) => s.ActiveState === 'active' || s.ActiveState === 'failed');
       tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit}: active (running)${p.StatusText ? `, STATUS=${p.StatusText}` : ''}`);
     }
@@ -197,7 +197,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
 
   let fetchUid = -1;
   await step('renew fetch runs as a dynamic UID with its credential', async (tt) => {
-    const p = await lab.show(FETCH, ['MainPID', 'DynamicUser']);
+    const p = await lab.show(LINK, ['MainPID', 'DynamicUser']);
     tt.equal(p.DynamicUser, 'yes', 'DynamicUser=yes');
     const status = await lab.sh(`cat /proc/${p.MainPID}/status`);
     const uids = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(status)?.slice(1).map(Number) ?? [];
@@ -208,8 +208,8 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.not(fetchUid, svc.uid, 'not the agent-connectors service user');
     tt.ok(fetchUid >= DYNAMIC_UIDS[0] && fetchUid <= DYNAMIC_UIDS[1], `a dynamic UID (${fetchUid}, systemd's range ${DYNAMIC_UIDS.join('–')})`);
     tt.ok(groups.includes(renewGid), `in the hand-off group agent-connectors-renew (${renewGid}); groups: ${groups.join(' ')}`);
-    tt.equal((await lab.sh(`stat -c '%u %a' ${FETCH_CREDENTIAL}`)).trim(), `${fetchUid} 400`, 'its credential is in $CREDENTIALS_DIRECTORY, 0400, owned by the dynamic UID');
-    tt.equal((await lab.sh(`cat ${FETCH_CREDENTIAL}`)).trim(), credential, 'LoadCredential= loaded the file the drop-in names');
+    tt.equal((await lab.sh(`stat -c '%u %a' ${LINK_CREDENTIAL}`)).trim(), `${fetchUid} 400`, 'its credential is in $CREDENTIALS_DIRECTORY, 0400, owned by the dynamic UID');
+    tt.equal((await lab.sh(`cat ${LINK_CREDENTIAL}`)).trim(), credential, 'LoadCredential= loaded the file the drop-in names');
   });
 
   await step('bind, then systemctl reload: reloading → active, and the new binding is served', async (tt) => {
@@ -260,7 +260,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.ok(requests.length >= 1 && requests.every((r) => r.authorization), 'fetch called the Gateway with its credential');
     tt.equal(requests[0]?.outcome, 200, 'and was answered 200');
     tt.equal(gw.authority.stats().unauthorized, 0, 'never with a wrong credential');
-    const fetchLogs = await journalEntries(lab, FETCH);
+    const fetchLogs = await journalEntries(lab, LINK);
     const renewed = fetchLogs.find((e) => e.msg?.msg === 'renewed; handed to apply');
     tt.ok(renewed, "fetch's journal: 'renewed; handed to apply'");
     tt.equal(renewed?.uid, fetchUid, 'logged by the dynamic UID');
@@ -347,9 +347,9 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     'privilege model: the agent UID reads no secret, but can use both loopback services; other UIDs are refused',
     async (tt) => {
       // fetch must be up for its credential to exist (see the crash check further down).
-      await lab.waitShow(FETCH, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000);
-      const fetchStateFile = (await lab.sh(`find ${FETCH_STATE} -type f | head -1`)).trim();
-      tt.ok(fetchStateFile, `fetch keeps state in ${FETCH_STATE}`);
+      await lab.waitShow(LINK, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000);
+      const fetchStateFile = (await lab.sh(`find ${LINK_STATE} -type f | head -1`)).trim();
+      tt.ok(fetchStateFile, `fetch keeps state in ${LINK_STATE}`);
       const denied: Array<[string, string]> = [
         ['token file', `cat ${TOKEN_FILE}`],
         ['instances.json', `cat ${STATE}/mcp-forwarder/instances.json`],
@@ -357,9 +357,9 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
         ['a provider token file', `cat ${STATE}/cli-proxy/labcli.token`],
         ['the hand-off inbox', `ls ${STATE}/handoff/inbox`],
         ["the hand-off slots", `ls ${STATE}/handoff/slots`],
-        ["fetch's credential", `cat ${FETCH_CREDENTIAL}`],
-        ["fetch's credential directory", `ls /run/credentials/${FETCH}`],
-        ["fetch's state directory", `ls ${FETCH_STATE}`],
+        ["fetch's credential", `cat ${LINK_CREDENTIAL}`],
+        ["fetch's credential directory", `ls /run/credentials/${LINK}`],
+        ["fetch's state directory", `ls ${LINK_STATE}`],
         ["a fetch state file", `cat '${fetchStateFile}'`],
       ];
       for (const [what, cmd] of denied) {
@@ -427,7 +427,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     async (tt) => {
       // NRestarts counts automatic restarts since the last manual start (the forwarder's
       // watchdog restart was followed by a manual one).
-      for (const unit of [FORWARDER, CLI_PROXY, FETCH]) {
+      for (const unit of [FORWARDER, CLI_PROXY, LINK]) {
         const restarts = 0;
         const p = await lab.show(unit, ['NRestarts']);
         // A crash prints a stack trace (not pino JSON) to the journal: show it.
@@ -448,7 +448,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       // apply (UMask=0077) writes slots/<slot>.json atomically: the temp file is created 0600
       // and only then chmod'ed to 0640, so for a moment fetch's dynamic UID cannot read it.
       // Same here, without touching a real slot: an unreadable temp file appears and goes.
-      const before = await lab.show(FETCH, ['MainPID', 'NRestarts']);
+      const before = await lab.show(LINK, ['MainPID', 'NRestarts']);
       await lab.sh(
         asUser(
           { uid: svc.uid, gid: renewGid },
@@ -456,8 +456,8 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
         ),
       );
       await sleep(500);
-      const after = await lab.show(FETCH, ['MainPID', 'NRestarts', 'ActiveState', 'SubState']);
-      const crash = (await lab.journal(FETCH))
+      const after = await lab.show(LINK, ['MainPID', 'NRestarts', 'ActiveState', 'SubState']);
+      const crash = (await lab.journal(LINK))
         .split('\n')
         .filter((l) => l.trim() !== '' && parseLog(l) === undefined)
         .slice(-16)
@@ -469,7 +469,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
         crash ? { stderr: crash } : {},
       );
       // Let a crashed fetch come back before the clean-stop check.
-      await lab.waitShow(FETCH, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000).catch(() => undefined);
+      await lab.waitShow(LINK, ['ActiveState', 'SubState'], (p) => p.ActiveState === 'active' && p.SubState === 'running', 15_000).catch(() => undefined);
     },
     false,
   );
@@ -499,7 +499,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     await client.close();
     clientClosed = true;
     const ports: Record<string, number> = {};
-    for (const unit of [FORWARDER, FETCH, APPLY]) {
+    for (const unit of [FORWARDER, LINK, APPLY]) {
       const text = metricsDropIn(readFileSync(join(unitDir, unit), 'utf8'));
       const port = /AGENT_CONNECTORS_METRICS_LISTEN=127\.0\.0\.1:(\d+)/.exec(text)?.[1];
       tt.ok(port, `${unit} documents a metrics drop-in with a loopback port`, { text });
@@ -507,8 +507,8 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       dropIn(unit, 'metrics.conf', text);
     }
     const appliedBefore = (await appliedTokenIds(lab)).length;
-    await lab.sh(`systemctl daemon-reload && systemctl restart ${FORWARDER} ${FETCH} ${APPLY}`);
-    for (const unit of [FORWARDER, FETCH, APPLY]) {
+    await lab.sh(`systemctl daemon-reload && systemctl restart ${FORWARDER} ${LINK} ${APPLY}`);
+    for (const unit of [FORWARDER, LINK, APPLY]) {
       const p = await lab.waitShow(unit, ['ActiveState', 'SubState'], (x) => x.ActiveState === 'active' && x.SubState === 'running', 20_000);
       tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit} runs with metrics on`);
     }
@@ -528,7 +528,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     );
     tt.equal(fwd.value('agent_connectors_config_entries', { file: 'instances.json' }), 1, 'and serves one binding');
     tt.equal(fwd.find('agent_connectors_build_info', { part: 'forwarder' }).length, 1, "every series has part='forwarder'");
-    const link = await scrape(ports[FETCH] as number);
+    const link = await scrape(ports[LINK] as number);
     tt.ok(link.value('agent_connectors_renewal_iterations_total', { result: 'renewed' }) >= 1, 'the link counted its renewals');
     tt.ok(link.value('agent_connectors_token_expiry_timestamp_seconds', { slot: SLOT }) * 1000 > Date.now(), "and the slot's token expiry, in the future");
     tt.equal(link.find('agent_connectors_build_info', { part: 'link' }).length, 1, "part='link'");
@@ -548,7 +548,7 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     // The SDK client holds a standing SSE GET; closing it lets the forwarder drain at once.
     if (!clientClosed) await client.close();
     await lab.sh(`systemctl stop ${TARGET}`);
-    for (const unit of [FORWARDER, CLI_PROXY, FETCH, APPLY]) {
+    for (const unit of [FORWARDER, CLI_PROXY, LINK, APPLY]) {
       const p = await lab.waitShow(unit, ['ActiveState', 'SubState', 'Result', 'ExecMainCode', 'ExecMainStatus'], (s) => s.ActiveState === 'inactive' || s.ActiveState === 'failed');
       tt.same(
         { state: `${p.ActiveState} (${p.SubState})`, result: p.Result, exit: p.ExecMainStatus },

@@ -1,6 +1,6 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
-import { install, uninstall, type Action } from '../install/install.js';
+import { install, uninstall, upgradeNames, type Action } from '../install/install.js';
 
 function report(actions: Action[], dryRun: boolean): void {
   const width = Math.max(0, ...actions.map((a) => a.what.length));
@@ -32,7 +32,7 @@ export function registerInstallCommands(program: Command): void {
       if (!dryRun) {
         process.stdout.write(
           '\nNext: put the host credential in /etc/agent-connectors/host-credential (0600 root),\n' +
-            'the Gateway URL in /etc/agent-connectors/renew-fetch.env (AGENT_CONNECTORS_GATEWAY_URL=https://…),\n' +
+            'the Gateway URL in /etc/agent-connectors/link.env (AGENT_CONNECTORS_GATEWAY_URL=https://…),\n' +
             'then: systemctl enable --now agent-connectors.target\n' +
             (opts.agentUser.length === 0
               ? 'Only the users named in /etc/agent-connectors/agent-users may call the proxies: add yours with\n' +
@@ -40,6 +40,13 @@ export function registerInstallCommands(program: Command): void {
               : ''),
         );
       }
+    });
+  program
+    .command('upgrade-names', { hidden: true })
+    .description("the .deb's postinst: move 0.1.0's renew-fetch unit, state and env file to the link's names")
+    .action(async () => {
+      // dpkg shows this output: only what was done, nothing on a host with nothing to move.
+      for (const a of await upgradeNames()) process.stdout.write(`agent-connectors: ${a.what} ${a.path}\n`);
     });
   program
     .command('uninstall')

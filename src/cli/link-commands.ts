@@ -1,9 +1,10 @@
 import { hostname } from 'node:os';
-import { resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import type { Command } from 'commander';
 import { upstreamUrlSchema } from '../data/fields.js';
 import { LINK_ENV_HOST_ID } from '../data/link-env.js';
 import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
+import { adoptOldPrivateState } from '../link/private-state.js';
 import { readPairingCode } from '../link/pairing-code.js';
 import { version } from '../version.js';
 import { loggerFrom, parseOption, positiveInt } from '../wiring/options.js';
@@ -14,6 +15,9 @@ export async function runLink(opts: Record<string, string | boolean | undefined>
   const log = loggerFrom(opts);
   const { parts, enrolled } = await linkPartsFrom(opts);
   if (!enrolled && !opts.once) log.info(`no host id (--host-id, $${LINK_ENV_HOST_ID}, link.env): this host is not enrolled; running renewals only`);
+  const privateDir = parts.link?.renewal.privateDir;
+  const adopted = privateDir && (await adoptOldPrivateState({ root: dirname(privateDir), linkPrivate: privateDir }));
+  if (adopted) log.info({ from: adopted, to: privateDir }, "the link's private state moved to its new name (pending renewals keep their requestIds)");
   await (await import('../wiring/build-parts.js')).runParts(parts, log);
 }
 

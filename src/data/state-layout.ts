@@ -38,8 +38,8 @@ export interface StateLayout {
   handoff: string;
   /** The native_cli audit spool (SPEC §9): the cli-proxy writes, the link uploads and deletes. */
   audit: string;
-  /** renew fetch's own state (requestIds in flight); nobody else reads it. */
-  fetchPrivate: string;
+  /** The link's own state (renewal's requestIds in flight); nobody else reads it. */
+  linkPrivate: string;
   /** Where a non-root user's shims go by default. */
   shims: string;
 }
@@ -58,7 +58,7 @@ export function stateLayout(stateDir: string): StateLayout {
     providerToken: (provider) => join(cliProxyDir, `${provider}.token`),
     handoff: join(root, 'handoff'),
     audit: join(root, 'audit'),
-    fetchPrivate: join(root, 'renew-fetch'),
+    linkPrivate: join(root, 'link'),
     shims: join(root, 'shims'),
   };
 }

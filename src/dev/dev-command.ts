@@ -96,7 +96,7 @@ async function rememberedBindingIds(layout: StateLayout): Promise<Record<string,
  */
 async function resetHostState(layout: StateLayout, credentialPath: string): Promise<void> {
   const files = linkFiles(credentialPath);
-  for (const path of [files.credential, files.env, files.pending, layout.instances, layout.providers, layout.handoff, layout.fetchPrivate]) {
+  for (const path of [files.credential, files.env, files.pending, layout.instances, layout.providers, layout.handoff, layout.linkPrivate]) {
     await rm(path, { recursive: true, force: true });
   }
   for (const dir of [layout.forwarderDir, layout.cliProxyDir]) {

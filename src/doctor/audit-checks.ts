@@ -2,6 +2,7 @@ import { stat } from 'node:fs/promises';
 import { readAuditSpool } from '../data/audit-event.js';
 import type { LinkStatus } from '../data/link-status.js';
 import { AUDIT_DIR_NOT_SETGID, AUDIT_SPOOL_FULL, AUDIT_UPLOAD_STALE } from '../data/problem-codes.js';
+import { LINK_UNIT } from '../data/unit-names.js';
 import { processAlive } from '../fs/process-alive.js';
 import { ago, type Findings } from './finding.js';
 
@@ -10,8 +11,6 @@ import { ago, type Findings } from './finding.js';
  * as tmpfiles makes it, how many events wait against the bound, how many a full spool
  * dropped, and on an enrolled host whether the link still gets them to the Gateway.
  */
-
-const LINK_UNIT = 'agent-connectors-renew-fetch.service';
 
 /**
  * Events older than this with no accepted upload as recent: twice the uploader's backoff

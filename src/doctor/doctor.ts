@@ -4,6 +4,7 @@ import { parseCatalog } from '../data/catalog.js';
 import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
+import { APPLY_UNIT, LINK_UNIT, SERVICE_UNITS, unitStem } from '../data/unit-names.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
 import { auditChecks } from './audit-checks.js';
@@ -155,7 +156,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
     secrets.push(file);
     const st = await stat(file).catch(() => undefined);
     if (!st) {
-      if (tokenFiles.has(file)) out.problem('token_missing', 'tokens', `${file} does not exist yet`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+      if (tokenFiles.has(file)) out.problem('token_missing', 'tokens', `${file} does not exist yet`, `journalctl -u ${unitStem(LINK_UNIT)} -u ${unitStem(APPLY_UNIT)}`);
       continue;
     }
     if (tokenFiles.has(file) && (st.mode & 0o777) !== 0o600) out.problem('token_mode', 'tokens', `${file} has mode ${(st.mode & 0o777).toString(8)}, expected 600`, `chmod 600 ${file}`);
@@ -197,8 +198,8 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   for (const e of errors) out.problem(SLOT_FILE_INVALID, 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
   for (const s of slots) {
     if (s.revoked) out.problem('slot_revoked', 'renewal', `${s.slot} was revoked by the Gateway`, managed ? 'disconnect it in the platform: the next desired state removes it' : 'agent-connectors unbind <its bindings>');
-    else if (!s.tokenId || !s.expiresAt) out.problem('token_never_received', 'renewal', `${s.slot} has never received a token`, 'journalctl -u agent-connectors-renew-fetch');
-    else if (Date.parse(s.expiresAt) <= now) out.problem('token_expired', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, 'journalctl -u agent-connectors-renew-fetch -u agent-connectors-renew-apply');
+    else if (!s.tokenId || !s.expiresAt) out.problem('token_never_received', 'renewal', `${s.slot} has never received a token`, `journalctl -u ${unitStem(LINK_UNIT)}`);
+    else if (Date.parse(s.expiresAt) <= now) out.problem('token_expired', 'renewal', `${s.slot} token expired at ${s.expiresAt}`, `journalctl -u ${unitStem(LINK_UNIT)} -u ${unitStem(APPLY_UNIT)}`);
     else out.ok('renewal', `${s.slot} token valid until ${s.expiresAt}`);
   }
 
@@ -215,7 +216,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   if (o.systemd && !(await systemdRunning())) {
     out.warn('systemd_absent', 'units', 'systemd is not running on this host; skipped the unit checks (use --no-systemd to silence this)');
   } else if (o.systemd) {
-    for (const unit of ['agent-connectors-forwarder.service', 'agent-connectors-cli-proxy.service', 'agent-connectors-renew-fetch.service', 'agent-connectors-renew-apply.service']) {
+    for (const unit of SERVICE_UNITS) {
       const { state, exitCode } = await unitState(unit);
       if (state === 'active') out.ok('units', `${unit} active`);
       else out.problem('unit_inactive', 'units', `${unit} is ${state}`, state === 'unknown' || exitCode === 4 ? 'agent-connectors install' : `systemctl enable --now ${unit}`);

@@ -9,6 +9,7 @@ import { keyPrefix } from '../data/parse.js';
 import { CREDENTIAL_UNUSABLE, rejectionPending, STATE_REJECTED } from '../data/problem-codes.js';
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { StateLayout } from '../data/state-layout.js';
+import { APPLY_UNIT, LINK_UNIT } from '../data/unit-names.js';
 import { processAlive } from '../fs/process-alive.js';
 import { ago, type Findings } from './finding.js';
 
@@ -19,8 +20,6 @@ import { ago, type Findings } from './finding.js';
  * host that was never enrolled gets none of these, so its report is what it always was.
  */
 
-const LINK_UNIT = 'agent-connectors-renew-fetch.service';
-const APPLY_UNIT = 'agent-connectors-renew-apply.service';
 /** Backing off longer than this is a problem, not a passing hiccup. */
 export const BACKOFF_PROBLEM_MS = 5 * 60_000;
 

@@ -4,6 +4,7 @@ import { handoffPaths, readSlots } from '../data/handoff.js';
 import { HOST_STATUS_FORMAT, hostStatusSchema, type HostStatus, type PartState } from '../data/host-status.js';
 import { readLinkStatus } from '../data/link-status.js';
 import { rejectionPending, type PartHealth } from '../data/problem-codes.js';
+import { APPLY_UNIT, LINK_UNIT } from '../data/unit-names.js';
 import { processAlive } from '../fs/process-alive.js';
 import { ago, untilText } from './finding.js';
 import { readEnrolment, readReceived } from './link-checks.js';
@@ -35,11 +36,11 @@ export async function hostStatus(o: StatusOptions): Promise<HostStatus> {
   const systemd = o.systemd && (await systemdRunning());
   const viaUnit = async (unit: string): Promise<{ state: PartState; via: 'systemd' }> => ({ state: (await unitState(unit)).state === 'active' ? 'up' : 'down', via: 'systemd' });
   const linkPart = systemd
-    ? await viaUnit('agent-connectors-renew-fetch.service')
+    ? await viaUnit(LINK_UNIT)
     : link
       ? { state: linkRunning ? ('up' as const) : ('down' as const), via: 'link-status' as const }
       : { state: 'unknown' as const, via: 'none' as const };
-  const applyPart = systemd ? await viaUnit('agent-connectors-renew-apply.service') : { state: 'unknown' as const, via: 'none' as const };
+  const applyPart = systemd ? await viaUnit(APPLY_UNIT) : { state: 'unknown' as const, via: 'none' as const };
   const applied = await readAppliedState(o.handoffDir);
   const received = await readReceived(o.handoffDir);
   const { slots } = await readSlots(handoffPaths(o.handoffDir));

@@ -6,15 +6,13 @@ import { PeerAccess } from './peer-access.js';
 import { choosePeerUidLookup } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
+import { LINK_USER } from '../data/unit-names.js';
 import type { Service, ServiceContext } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
-
-/** The link's unit runs as a DynamicUser named after the unit (units/agent-connectors-renew-fetch.service). */
-const LINK_DYNAMIC_USER = 'agent-connectors-renew-fetch';
 
 export interface LoopbackServiceSpec<T> {
   /** Service name; also the log message prefix (`<name> listening`). */
@@ -113,7 +111,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     const own = process.getuid?.();
     access = new PeerAccess({
       always: spec.agentUsersFile !== undefined ? new Set([0, ...(own === undefined ? [] : [own])]) : new Set(),
-      alwaysDynamic: spec.agentUsersFile !== undefined ? [LINK_DYNAMIC_USER] : [],
+      alwaysDynamic: spec.agentUsersFile !== undefined ? [LINK_USER] : [],
       fixed: spec.allowedUids,
       file: spec.agentUsersFile,
       log,

@@ -1,11 +1,14 @@
+import { existsSync } from 'node:fs';
 import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from 'node:fs/promises';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { AGENT_USERS_FILE, agentUserEntry, renderAgentUsers } from '../data/agent-users.js';
 import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
+import { LINK_UNIT, LINK_USER, OLD_LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { LINK_STATE, moveOldLinkNames, OLD_STATE, OLD_STATE_LINK, type Act, type Systemctl } from './link-rename.js';
 
 /** Where the running package lives (the directory holding package.json and dist/). */
 export const PACKAGE_ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
@@ -71,10 +74,18 @@ export function vendorLayout(): Layout {
 
 /**
  * What `--purge` (and the .deb's purge) deletes besides the installed files: the state
- * root, the shim directory and renew fetch's private state (DynamicUser= keeps it under
- * /var/lib/private, with a link beside).
+ * root, the shim directory and the link's private state (DynamicUser= keeps it under
+ * /var/lib/private, with a link beside), under its name and 0.1.0's (a host purged
+ * without the upgrade's move having run).
  */
-export const PURGED_STATE = ['/var/lib/agent-connectors', SYSTEM_SHIM_DIR, '/var/lib/private/agent-connectors-renew-fetch', '/var/lib/agent-connectors-renew-fetch'] as const;
+export const PURGED_STATE = [
+  '/var/lib/agent-connectors',
+  SYSTEM_SHIM_DIR,
+  LINK_STATE,
+  `/var/lib/${LINK_USER}`,
+  OLD_STATE,
+  OLD_STATE_LINK,
+] as const;
 
 export function renderUnit(text: string, libDir: string, node: string): string {
   return text.split('@LIBDIR@').join(libDir).split('@NODE@').join(node);
@@ -91,7 +102,7 @@ export interface Action {
  * Units an earlier version installed that this one no longer ships: removed by install
  * (an upgrade must not leave one enabled or triggering) and by uninstall.
  */
-export const RETIRED_UNITS = ['agent-connectors-renew-apply.path'] as const;
+export const RETIRED_UNITS = ['agent-connectors-renew-apply.path', OLD_LINK_UNIT] as const;
 
 export async function unitFiles(from: string = PACKAGE_ROOT): Promise<string[]> {
   return (await readdir(join(from, 'units'))).filter((n) => /\.(service|path|timer|target)$/.test(n)).sort();
@@ -102,11 +113,10 @@ export async function install(options: InstallOptions): Promise<Action[]> {
   const l = options.layout ?? layout(options.prefix);
   const from = options.from ?? PACKAGE_ROOT;
   const at = (p: string): string => join(options.root, p);
-  const actions: Action[] = [];
-  const act = async (what: string, path: string, fn: () => Promise<void>): Promise<void> => {
-    actions.push({ what, path });
-    if (!options.dryRun) await fn();
-  };
+  const { actions, act } = recorder(options.dryRun);
+  const systemctl = options.activate && options.root === '/' && existsSync('/run/systemd/system') ? hostSystemctl : undefined;
+  // Before the units are written: the old link unit is stopped while its file is still there.
+  const { startLink } = await moveOldLinkNames({ root: options.root, act, systemctl });
 
   if (resolve(at(l.libDir)) !== PACKAGE_ROOT) {
     await act('replace package', l.libDir, async () => {
@@ -150,6 +160,8 @@ export async function install(options: InstallOptions): Promise<Action[]> {
     await act('create state directories', 'systemd-tmpfiles --create', async () => void (await execa('systemd-tmpfiles', ['--create', l.tmpfiles])));
     await act('reload systemd', 'systemctl daemon-reload', async () => void (await execa('systemctl', ['daemon-reload']).catch(() => undefined)));
   }
+  // The old link ran: the new one runs after the upgrade (its enablement moved with it).
+  if (startLink && systemctl) await act('start the link', LINK_UNIT, () => mustSystemctl(systemctl, ['start', LINK_UNIT]));
   return actions;
 }
 
@@ -161,7 +173,7 @@ export async function install(options: InstallOptions): Promise<Action[]> {
 async function writeAgentUsers(
   options: InstallOptions,
   at: (p: string) => string,
-  act: (what: string, path: string, fn: () => Promise<void>) => Promise<void>,
+  act: Act,
 ): Promise<void> {
   const add = options.agentUsers ?? [];
   for (const u of add) {
@@ -206,5 +218,36 @@ export async function uninstall(options: UninstallOptions): Promise<Action[]> {
     await remove('purge config', AGENT_USERS_FILE);
     for (const path of PURGED_STATE) await remove('purge state', path);
   }
+  return actions;
+}
+
+function recorder(dryRun: boolean): { actions: Action[]; act: Act } {
+  const actions: Action[] = [];
+  const act: Act = async (what, path, fn) => {
+    actions.push({ what, path });
+    if (!dryRun) await fn();
+  };
+  return { actions, act };
+}
+
+const hostSystemctl: Systemctl = async (args) => (await execa('systemctl', args, { reject: false })).exitCode ?? 1;
+
+async function mustSystemctl(systemctl: Systemctl, args: string[]): Promise<void> {
+  const code = await systemctl(args);
+  if (code !== 0) throw new Error(`systemctl ${args.join(' ')} failed (exit ${code}); see: systemctl status ${args.at(-1) ?? ''}`);
+}
+
+/**
+ * The .deb's postinst (`agent-connectors upgrade-names`): 0.1.0's renew-fetch unit, state
+ * and env file moved to the link's names on the host, and the link started if the old unit
+ * ran. dpkg has already replaced the unit files and postinst reloaded systemd; the old
+ * unit, still running, stays known to systemd until it stops.
+ */
+export async function upgradeNames(): Promise<Action[]> {
+  const { actions, act } = recorder(false);
+  const systemctl = existsSync('/run/systemd/system') ? hostSystemctl : undefined;
+  const { startLink } = await moveOldLinkNames({ root: '/', act, systemctl });
+  if (systemctl && actions.length > 0) await act('reload systemd', 'systemctl daemon-reload', () => mustSystemctl(systemctl, ['daemon-reload']));
+  if (startLink && systemctl) await act('start the link', LINK_UNIT, () => mustSystemctl(systemctl, ['start', LINK_UNIT]));
   return actions;
 }

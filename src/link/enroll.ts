@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { LINK_ENV_GATEWAY, LINK_ENV_HOST_ID, linkEnvPath } from '../data/link-env.js';
 import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
 import { parseJsonWith } from '../data/parse.js';
+import { LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError, EnrollError } from '../errors.js';
 import { atomicWrite, checkWritableDir } from '../fs/atomic-write.js';
 import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
@@ -30,8 +31,6 @@ import { hookEnabled } from '../service/test-hooks.js';
  */
 
 export const DEFAULT_CREDENTIAL_PATH = '/etc/agent-connectors/host-credential';
-/** The unit that holds the credential and runs `agent-connectors link` (named for its first job, renewal). */
-export const LINK_UNIT = 'agent-connectors-renew-fetch.service';
 export { LINK_ENV_GATEWAY as GATEWAY_URL_ENV, LINK_ENV_HOST_ID as HOST_ID_ENV };
 
 export interface LinkFiles {

@@ -23,7 +23,7 @@ export function addLinkFlags(cmd: Command): Command {
     .option('--gateway <url>', `Gateway base URL (default: $${LINK_ENV_GATEWAY}, else link.env beside --credential)`)
     .option('--credential <file>', 'host credential file (default: $CREDENTIALS_DIRECTORY/host-credential)')
     .option('--handoff <dir>', 'hand-off directory (default: <state>/handoff)')
-    .option('--state-dir <dir>', 'state root; the link keeps its private state in <state>/renew-fetch')
+    .option('--state-dir <dir>', 'state root; the link keeps its private state in <state>/link')
     .option('--host-id <id>', `this host's id, from enroll (default: $${LINK_ENV_HOST_ID}, else link.env beside --credential); without one only renewals run`)
     .option('--once', 'renewals only: settle every due slot, then exit (for a timer); exit 1 if any did not settle')
     .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultRenewalConfig.onceBudgetMs))
@@ -63,7 +63,7 @@ export function linkConfig(identity: LinkIdentity, tuning: Partial<LinkTuning> =
     renewal: {
       ...defaultRenewalConfig,
       handoffDir,
-      privateDir: layout.fetchPrivate,
+      privateDir: layout.linkPrivate,
       once: t.once,
       onceBudgetMs: t.onceBudgetMs,
       backoff: { ...defaultRenewalConfig.backoff, capMs: t.backoffCapMs },

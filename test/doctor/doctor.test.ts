@@ -374,7 +374,7 @@ test('a token file named by the registry that does not exist → points at the r
   rmSync(fx.tokenFile);
   const run = await doctor(baseArgs(fx));
   tt.equal(run.code, 1);
-  tt.match(findProblem(tt, run, 'tokens', /does not exist/)?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+  tt.match(findProblem(tt, run, 'tokens', /does not exist/)?.fix ?? '', /journalctl -u agent-connectors-link/);
 });
 
 test('a missing user, a missing group, a user not in the group (in-process, fake passwd/group)', async (tt) => {
@@ -467,7 +467,7 @@ test('a stale token: slot expiresAt in the past', async (tt) => {
   tt.equal(run.code, 1);
   const f = findProblem(tt, run, 'renewal', /instance:inst-a token expired at/);
   tt.match(f?.detail ?? '', expired);
-  tt.match(f?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+  tt.match(f?.fix ?? '', /journalctl -u agent-connectors-link/);
   tt.ok(run.findings.some((x) => x.level === 'ok' && x.check === 'renewal' && /cli:notion/.test(x.detail)), 'the other slot is still fine');
 });
 
@@ -476,7 +476,7 @@ test('a slot never renewed (tokenId null)', async (tt) => {
   writeOwned(fx.slotFile, JSON.stringify({ slot: 'instance:inst-a', tokenId: null, expiresAt: null, generation: 0 }), 0o640, ids.ac, ids.renew);
   const run = await doctor(baseArgs(fx));
   tt.equal(run.code, 1);
-  tt.match(findProblem(tt, run, 'renewal', /instance:inst-a has never received a token/)?.fix ?? '', /journalctl -u agent-connectors-renew-fetch/);
+  tt.match(findProblem(tt, run, 'renewal', /instance:inst-a has never received a token/)?.fix ?? '', /journalctl -u agent-connectors-link/);
 });
 
 test('a revoked slot', async (tt) => {
@@ -659,9 +659,9 @@ function deadPid(): number {
 test('an enrolled host whose events wait and whose last upload is old: a warning naming why, from the link status', async (tt) => {
   const common = { forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
   const cases: Array<[string, (fx: Fixture) => void, RegExp, RegExp]> = [
-    ['no link status', () => undefined, /the link has not reported its state/, /systemctl restart agent-connectors-renew-fetch/],
-    ['a dead link', (fx) => linkStatus(fx, deadPid(), 'polling'), /the link \(pid \d+\) is not running/, /systemctl restart agent-connectors-renew-fetch/],
-    ['Gateway failing', (fx) => linkStatus(fx, process.pid, 'backing_off', { code: 'gateway_unavailable', detail: 'status 503', at: new Date().toISOString() }), /the Gateway is failing the link .*last error gateway_unavailable/, /^journalctl -u agent-connectors-renew-fetch/],
+    ['no link status', () => undefined, /the link has not reported its state/, /systemctl restart agent-connectors-link/],
+    ['a dead link', (fx) => linkStatus(fx, deadPid(), 'polling'), /the link \(pid \d+\) is not running/, /systemctl restart agent-connectors-link/],
+    ['Gateway failing', (fx) => linkStatus(fx, process.pid, 'backing_off', { code: 'gateway_unavailable', detail: 'status 503', at: new Date().toISOString() }), /the Gateway is failing the link .*last error gateway_unavailable/, /^journalctl -u agent-connectors-link/],
     ['halted', (fx) => linkStatus(fx, process.pid, 'halted'), /the link is halted: the Gateway refused the host credential/, /^journalctl /],
     ['polling', (fx) => linkStatus(fx, process.pid, 'polling'), /the link reaches the Gateway, so its audit uploads fail or it runs with --no-audit/, /-g 'audit upload'$/],
   ];

@@ -24,10 +24,10 @@ t.test('PeerAccess: always-allowed, fixed and file UIDs; a dynamic UID only when
     fixed: new Set([1234]),
     file,
     log,
-    alwaysDynamic: ['agent-connectors-renew-fetch'],
+    alwaysDynamic: ['agent-connectors-link'],
     userName: async (uid) => {
       asked.push(uid);
-      return uid === 62000 ? 'agent-connectors-renew-fetch' : uid === 62001 ? 'some-other-unit' : undefined;
+      return uid === 62000 ? 'agent-connectors-link' : uid === 62001 ? 'some-other-unit' : undefined;
     },
   });
   await access.start();

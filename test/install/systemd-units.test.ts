@@ -1,4 +1,4 @@
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import t from 'tap';
 import { CLI, REPO_ROOT } from '../support/cli-proc.js';
@@ -175,7 +175,7 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     t.same(readdirSync(dryRoot), [], 'nothing was written');
   });
 
-  const planted = ['/var/lib/agent-connectors/keep', '/var/lib/private/agent-connectors-renew-fetch/state.json', '/var/lib/agent-connectors-shims/gh'];
+  const planted = ['/var/lib/agent-connectors/keep', '/var/lib/private/agent-connectors-link/state.json', '/var/lib/agent-connectors-shims/gh'];
   const expectedRemovals: Array<[string, string]> = [
     ...UNIT_NAMES.map((n): [string, string] => ['remove unit', `/etc/systemd/system/${n}`]),
     ['remove config', '/etc/sysusers.d/agent-connectors.conf'],
@@ -215,7 +215,7 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
         ['purge config', '/etc/agent-connectors/agent-users'],
         ['purge state', '/var/lib/agent-connectors'],
         ['purge state', '/var/lib/agent-connectors-shims'],
-        ['purge state', '/var/lib/private/agent-connectors-renew-fetch'],
+        ['purge state', '/var/lib/private/agent-connectors-link'],
       ],
       'it reports the purge of the state directories and the shim directory',
     );
@@ -234,4 +234,56 @@ t.test('an upgrade removes a unit an earlier version installed (the .path trigge
   t.match(r.stdout, /remove retired unit\s+\/etc\/systemd\/system\/agent-connectors-renew-apply\.path/, 'it says so');
   t.notOk(existsSync(retired), 'the retired unit is gone');
   t.match(readFileSync(join(root, '/etc/systemd/system/agent-connectors.target'), 'utf8'), /agent-connectors-renew-apply\.service/, 'the target now wants the apply service');
+});
+
+t.test('an upgrade from 0.1.0 moves renew-fetch to the link: enablement, drop-ins, state, env file', async (t) => {
+  const root = tempDir('ac-upgrade-link-');
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const at = (p: string): string => join(root, p);
+  const sys = '/etc/systemd/system';
+  const plant = (path: string, text: string, mode = 0o644): void => {
+    mkdirSync(dirname(at(path)), { recursive: true });
+    writeFileSync(at(path), text, { mode });
+  };
+  // 0.1.0 as `install` left it, enabled on its own, with a drop-in and a renewal in flight.
+  plant(`${sys}/agent-connectors-renew-fetch.service`, '[Service]\nExecStart=/bin/true\n');
+  mkdirSync(at(`${sys}/agent-connectors.target.wants`), { recursive: true });
+  symlinkSync(`${sys}/agent-connectors-renew-fetch.service`, at(`${sys}/agent-connectors.target.wants/agent-connectors-renew-fetch.service`));
+  plant(`${sys}/agent-connectors-renew-fetch.service.d/metrics.conf`, '[Service]\nEnvironment=AGENT_CONNECTORS_METRICS_LISTEN=127.0.0.1:14327\n');
+  plant('/var/lib/private/agent-connectors-renew-fetch/renew-fetch/slots/instance:a.json', '{"requestId":"r-1"}\n', 0o600);
+  symlinkSync('private/agent-connectors-renew-fetch', at('/var/lib/agent-connectors-renew-fetch'));
+  plant('/etc/agent-connectors/link.env', 'AGENT_CONNECTORS_GATEWAY_URL=https://gw.example\nAGENT_CONNECTORS_HOST_ID=host-1\n');
+  plant('/etc/agent-connectors/renew-fetch.env', '# the operator\'s\nAGENT_CONNECTORS_GATEWAY_URL=https://old.example\nHTTPS_PROXY=http://proxy:3128\n', 0o600);
+
+  const r = await run(process.execPath, [CLI, 'install', '--root', root, '--no-activate', '--node', process.execPath], { timeoutMs: 120_000 });
+  t.equal(r.code, 0, `install exits 0${r.code === 0 ? '' : `: ${r.stderr}`}`);
+  const moves = actionsOf(r.stdout).filter((a) => !/^(replace package|link CLI|write |add agent users)/.test(a.what));
+  t.same(moves.map((a) => [a.what, a.path]), [
+    ['move enablement link', `${sys}/agent-connectors.target.wants/agent-connectors-renew-fetch.service`],
+    ['move drop-ins', `${sys}/agent-connectors-link.service.d`],
+    ['move state', '/var/lib/private/agent-connectors-link'],
+    ['remove state link', '/var/lib/agent-connectors-renew-fetch'],
+    ['merge env file', '/etc/agent-connectors/link.env'],
+    ['remove retired unit', `${sys}/agent-connectors-renew-fetch.service`],
+  ], 'it reports each move, in order');
+  t.equal(readlinkSync(at(`${sys}/agent-connectors.target.wants/agent-connectors-link.service`)), `${sys}/agent-connectors-link.service`, 'the link is enabled where the old unit was');
+  t.notOk(existsSync(at(`${sys}/agent-connectors.target.wants/agent-connectors-renew-fetch.service`)), "the old unit's enablement link is gone");
+  t.notOk(existsSync(at(`${sys}/agent-connectors-renew-fetch.service`)), 'and its unit file');
+  t.match(readFileSync(at(`${sys}/agent-connectors-link.service.d/metrics.conf`), 'utf8'), /METRICS_LISTEN/, "the operator's drop-in now applies to the link");
+  t.equal(readFileSync(at('/var/lib/private/agent-connectors-link/renew-fetch/slots/instance:a.json'), 'utf8'), '{"requestId":"r-1"}\n', 'the state directory moved whole (the link renames renew-fetch/ inside at start)');
+  t.notOk(existsSync(at('/var/lib/private/agent-connectors-renew-fetch')), 'nothing left under the old name');
+  t.notOk(lstatSync(at('/var/lib/agent-connectors-renew-fetch'), { throwIfNoEntry: false }), 'nor its /var/lib link');
+  t.equal(
+    readFileSync(at('/etc/agent-connectors/link.env'), 'utf8'),
+    'AGENT_CONNECTORS_GATEWAY_URL=https://gw.example\nAGENT_CONNECTORS_HOST_ID=host-1\n' +
+      '# From renew-fetch.env (agent-connectors 0.1.0), merged on upgrade; docs/packaging.md.\n' +
+      "# the operator's\n# (link.env sets AGENT_CONNECTORS_GATEWAY_URL above) AGENT_CONNECTORS_GATEWAY_URL=https://old.example\nHTTPS_PROXY=http://proxy:3128\n",
+    "link.env keeps its own keys, gains renew-fetch.env's others, and every line",
+  );
+  t.equal(statSync(at('/etc/agent-connectors/link.env')).mode & 0o777, 0o600, 'with the stricter mode of the two');
+  t.notOk(existsSync(at('/etc/agent-connectors/renew-fetch.env')), 'renew-fetch.env is gone');
+
+  const again = await run(process.execPath, [CLI, 'install', '--root', root, '--no-activate', '--node', process.execPath], { timeoutMs: 120_000 });
+  t.equal(again.code, 0, 'a second install exits 0');
+  t.notMatch(again.stdout, /move|merge|remove/, 'and has nothing left to move');
 });
