@@ -7,7 +7,7 @@
  * the control's are reported, with their medians over repetitions.
  * BENCH_ON_CLI=PATH runs the "on" side from another build (an experiment: metrics with a
  * part of them cut out) against this one's "off" sides.
- * With metrics on, the endpoint is scraped every 15 s, as the README's scrape config
+ * With metrics on, the endpoint is scraped every 15 s, as the scrape config in docs/metrics.md
  * does; what one scrape costs is measured on its own.
  */
 import type { IncomingMessage } from 'node:http';

@@ -149,16 +149,16 @@ t.test('sendError over a real HTTP server', async (t) => {
 });
 
 /**
- * README.md's error list must match errorTable: the section of README that holds a
+ * docs/errors.md's error list must match errorTable: the section of it that holds a
  * markdown table whose rows start with "| `<code>` |" and includes `internal_error`.
  */
-t.test('README error list and errorTable agree', async (t) => {
-  const readmePath = `${ROOT}README.md`;
-  if (!existsSync(readmePath)) {
-    t.fail('README.md is missing: it must document every error code in a "| `<code>` | ..." table');
+t.test('docs/errors.md error list and errorTable agree', async (t) => {
+  const docPath = `${ROOT}docs/errors.md`;
+  if (!existsSync(docPath)) {
+    t.fail('docs/errors.md is missing: it must document every error code in a "| `<code>` | ..." table');
     return;
   }
-  const lines = readFileSync(readmePath, 'utf8').split('\n');
+  const lines = readFileSync(docPath, 'utf8').split('\n');
   // Split into sections at headings; pick the one(s) whose table lists internal_error.
   const sections: string[][] = [[]];
   let inFence = false;
@@ -169,7 +169,7 @@ t.test('README error list and errorTable agree', async (t) => {
   }
   const rowCode = /^\|\s*`([a-z][a-z0-9_]*)`\s*\|/;
   const errorSections = sections.filter((s) => s.some((l) => rowCode.exec(l)?.[1] === 'internal_error'));
-  t.ok(errorSections.length > 0, 'README has a table row "| `internal_error` |"');
+  t.ok(errorSections.length > 0, 'docs/errors.md has a table row "| `internal_error` |"');
   const rows = new Map<string, string>();
   for (const s of errorSections) {
     for (const l of s) {
@@ -179,14 +179,14 @@ t.test('README error list and errorTable agree', async (t) => {
   }
   const table = new Set<string>(errorCodes);
   for (const code of errorCodes) {
-    t.ok(rows.has(code), `README lists \`${code}\``);
+    t.ok(rows.has(code), `docs/errors.md lists \`${code}\``);
   }
   for (const [code, line] of rows) {
-    t.ok(table.has(code), `README row \`${code}\` is in errorTable (${line.trim()})`);
+    t.ok(table.has(code), `docs/errors.md row \`${code}\` is in errorTable (${line.trim()})`);
     // When a row states an HTTP status, it must be the table's.
     const statuses = [...line.matchAll(/\b([45]\d\d)\b/g)].map((m) => Number(m[1]));
     if (table.has(code) && statuses.length > 0) {
-      t.ok(statuses.includes(errorTable[code as ErrorCode].status), `README status for \`${code}\` is ${errorTable[code as ErrorCode].status}`);
+      t.ok(statuses.includes(errorTable[code as ErrorCode].status), `docs/errors.md status for \`${code}\` is ${errorTable[code as ErrorCode].status}`);
     }
   }
 });

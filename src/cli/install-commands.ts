@@ -31,8 +31,7 @@ export function registerInstallCommands(program: Command): void {
       report(actions, dryRun);
       if (!dryRun) {
         process.stdout.write(
-          '\nNext: put the host credential in /etc/agent-connectors/host-credential (0600 root),\n' +
-            'the Gateway URL in /etc/agent-connectors/link.env (AGENT_CONNECTORS_GATEWAY_URL=https://…),\n' +
+          '\nNext: agent-connectors enroll --gateway URL (it asks for the pairing code the platform shows),\n' +
             'then: systemctl enable --now agent-connectors.target\n' +
             (opts.agentUser.length === 0
               ? 'Only the users named in /etc/agent-connectors/agent-users may call the proxies: add yours with\n' +

@@ -171,7 +171,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
     if ((credSt.mode & 0o077) !== 0) out.problem('credential_mode', 'credential', `${credential} has mode ${(credSt.mode & 0o777).toString(8)}; only root may read it`, `chmod 600 ${credential}`);
     else out.ok('credential', `${credential} is readable by its owner only`);
   } else if (o.systemd) {
-    out.warn('credential_missing', 'credential', `${credential} does not exist: renew fetch cannot start`, `install -m 600 /dev/stdin ${credential} <<< "$HOST_CREDENTIAL"`);
+    out.warn('credential_missing', 'credential', `${credential} does not exist: renew fetch cannot start`, `agent-connectors enroll --gateway URL${credential === '/etc/agent-connectors/host-credential' ? '' : ` --credential ${credential}`}`);
   }
 
   // 4. the Agent UID reads nothing secret

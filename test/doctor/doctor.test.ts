@@ -554,6 +554,15 @@ test('text output: each problem marked FAIL with its fix line, and a problem cou
   tt.match(run.stdout, /\n2 problem\(s\)\n$/);
 });
 
+test('no host credential (with systemd): the fix is enroll, with the --credential doctor was given', async (tt) => {
+  if (!healthy) throw new Error('no fixture');
+  const credential = join(healthy.base, 'host-credential');
+  const run = await doctor(baseArgs(healthy).filter((a) => a !== '--no-systemd'));
+  const missing = run.findings.find((f) => f.code === 'credential_missing');
+  tt.equal(missing?.level, 'warn', 'credential_missing is a warning');
+  tt.equal(missing?.fix, `agent-connectors enroll --gateway URL --credential ${credential}`, 'the fix enrols, never a credential pasted by hand');
+});
+
 test('units are checked unless --no-systemd: each unit finding has a fix', async (tt) => {
   if (!healthy) throw new Error('no fixture');
   const run = await doctor(baseArgs(healthy).filter((a) => a !== '--no-systemd'));

@@ -138,6 +138,8 @@ t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-r
     t.ok(actions.every((a) => !a.dry), 'no action is reported as "would"');
     t.notOk(actions.some((a) => /^(create|reload)/.test(a.what)), 'nothing activated (sysusers, tmpfiles, daemon-reload) under a scratch root');
     t.match(r.stdout, /systemctl enable --now agent-connectors\.target/, 'it says what to do next');
+    t.match(r.stdout, /^Next: agent-connectors enroll --gateway URL /m, 'next is enroll, not a credential pasted by hand');
+    t.notMatch(r.stdout, /renew-fetch\.env|put the host credential/, 'nothing sends the operator to write the credential or env file by hand');
 
     for (const name of UNIT_NAMES) {
       const file = at(`/etc/systemd/system/${name}`);
