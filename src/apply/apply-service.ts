@@ -10,7 +10,7 @@ import type { TokenLayout } from '../data/token-path.js';
 import { applyInbox, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
-import { defaultTokenDirs, tokenTargets } from './token-targets.js';
+import { tokenTargets } from './token-targets.js';
 
 export interface ApplyConfig {
   watch: boolean;
@@ -32,6 +32,11 @@ export interface ApplyConfig {
   metrics?: ApplyMetrics | undefined;
 }
 
+/** Where apply writes token files unless a binding or the catalog names another path. */
+function defaultTokenDirs(layout: Pick<StateLayout, 'forwarderDir' | 'cliProxyDir'>): string[] {
+  return [layout.forwarderDir, layout.cliProxyDir];
+}
+
 /**
  * renew apply: hand-off → token file. `--watch` (inotify on inbox/) is how it runs: the
  * systemd unit, `dev`, hosts without systemd; a new token is renamed into place as soon as
@@ -48,7 +53,8 @@ export function createApplyService(config: ApplyConfig): Service {
       await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
       await checkWritableDir(paths.slots, 'the hand-off slot files');
       for (const dir of defaultTokenDirs(config.layout)) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
-      // Read once here; after that reconcile's writes are kept, not read back.
+      // Read at first use and again only when someone else changed them: what reconcile
+      // writes is kept, not read back.
       const local = localConfigFiles(config.layout);
       const deps: ApplyDeps = { paths, tokenFilesFor: tokenTargets(local, config.layout), log, signal };
       const memo: { lastDigest?: string } = {};

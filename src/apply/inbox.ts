@@ -107,7 +107,8 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
     return;
   }
   const msg = parsed.value;
-  const current = (await readSlotFile(paths, slot)) ?? emptySlotFile(slot);
+  const inForce = await readSlotFile(paths, slot);
+  const current = inForce ?? emptySlotFile(slot);
 
   if ('revoked' in msg) {
     // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
@@ -119,7 +120,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
     log.warn({ slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
     return;
   }
-  if (deps.managed && !(await readSlotFile(paths, slot))) {
+  if (deps.managed && !inForce) {
     // On an enrolled host the desired state decides the slots: a token for a slot it
     // retired (fetch's answer racing the retirement) is dropped, never written.
     await removeIfSame(path, ino);

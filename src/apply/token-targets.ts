@@ -37,8 +37,3 @@ export function tokenTargets(files: LocalConfigFiles, layout: TokenLayout): (slo
     return [tokenPath(owner, layout, Object.hasOwn(catalog, owner.id) ? catalog[owner.id]?.tokenFile : undefined)];
   };
 }
-
-/** Where apply writes token files unless a binding or the catalog names another path. */
-export function defaultTokenDirs(layout: { forwarderDir: string; cliProxyDir: string }): string[] {
-  return [layout.forwarderDir, layout.cliProxyDir];
-}
