@@ -20,8 +20,31 @@ const GROUPS: ReadonlyArray<{ commands: readonly string[]; load: () => Promise<R
   { commands: ['doctor'], load: async () => (await import('./cli/doctor-command.js')).registerDoctorCommand },
   { commands: ['status'], load: async () => (await import('./cli/status-command.js')).registerStatusCommand },
   { commands: ['link', 'enroll', 'unenroll'], load: async () => (await import('./cli/link-commands.js')).registerLinkCommands },
-  { commands: ['dev'], load: async () => (await import('./dev/dev-command.js')).registerDevCommand },
+  { commands: ['dev'], load: loadDev },
 ];
+
+/**
+ * `dev` is not shipped in the installed package (install.ts, NOT_SHIPPED): there the
+ * command stays listed and says where it runs instead of failing every `--help`.
+ */
+async function loadDev(): Promise<Register> {
+  try {
+    return (await import('./dev/dev-command.js')).registerDevCommand;
+  } catch (err) {
+    if ((err as { code?: string }).code !== 'ERR_MODULE_NOT_FOUND') throw err;
+    return (program) => {
+      program
+        .command('dev')
+        .description('the demo platform: not part of an installed package (run it from a clone: npm ci && npm run dev)')
+        .allowUnknownOption()
+        .allowExcessArguments()
+        .action(() => {
+          process.stderr.write('agent-connectors: dev is not part of the installed package; it runs from a clone of the repository: npm ci && npm run dev\n');
+          process.exitCode = 2;
+        });
+    };
+  }
+}
 
 /**
  * The groups to register for these arguments. The program's own options are only

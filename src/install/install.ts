@@ -91,7 +91,13 @@ export function renderUnit(text: string, libDir: string, node: string): string {
   return text.split('@LIBDIR@').join(libDir).split('@NODE@').join(node);
 }
 
-export const PACKAGE_PARTS = ['package.json', 'README.md', 'dist', 'shims', 'units', 'node_modules'] as const;
+export const PACKAGE_PARTS = ['package.json', 'README.md', 'docs', 'dist', 'shims', 'units', 'node_modules'] as const;
+
+/**
+ * `dev` (the demo platform, its demo Gateway and demo CLI) is for a clone, not for a host:
+ * an installed package ships none of it, and none of the MCP SDK that only it uses.
+ */
+export const NOT_SHIPPED = [join('dist', 'dev')] as const;
 
 export interface Action {
   what: string;
@@ -124,7 +130,9 @@ export async function install(options: InstallOptions): Promise<Action[]> {
       await mkdir(at(l.libDir), { recursive: true, mode: 0o755 });
       for (const part of PACKAGE_PARTS) {
         const src = part === 'node_modules' && options.nodeModules ? options.nodeModules : join(from, part);
-        if (await stat(src).catch(() => undefined)) await cp(src, join(at(l.libDir), part), { recursive: true, dereference: false });
+        const skip = NOT_SHIPPED.map((p) => join(from, p));
+        const shipped = (path: string): boolean => !skip.some((p) => path === p || path.startsWith(`${p}/`));
+        if (await stat(src).catch(() => undefined)) await cp(src, join(at(l.libDir), part), { recursive: true, dereference: false, filter: shipped });
       }
     });
   }
