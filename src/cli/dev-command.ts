@@ -273,6 +273,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
           'Connect and disconnect demo SaaS in the platform; the host follows through its link, no edit:',
           `  page:  ${gateway.baseUrl}/demo`,
           `  ${controlCommand(opts.stateDir, 'connect binding sandbox')}`,
+          `  ${controlCommand(opts.stateDir, 'disconnect binding sandbox')}`,
           `  ${controlCommand(opts.stateDir, 'disconnect provider demo')}`,
           '  (bindings: demo, sandbox; provider: demo)',
           'Ctrl-C stops.',
