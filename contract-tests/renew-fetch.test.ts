@@ -1,4 +1,5 @@
 import { readFileSync, statSync } from 'node:fs';
+import { createInterface } from 'node:readline';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from '../test/support/cli-proc.js';
 import type { RenewRecord } from '../test/support/mock-renew-gateway.js';
@@ -217,6 +218,11 @@ t.test('409: a stale expectation is replaced by the adopted tokenId and a new re
   const slot = 'instance:conflict-01';
   rig.addSlot(slot);
   const proc = rig.startFetch(['--backoff-cap-ms', '200']);
+  // Each token handed over is harvested as its line arrives, before a later renewal of the
+  // loop replaces it in the inbox: the leak checks search for every token minted.
+  createInterface({ input: proc.child.stdout! }).on('line', (line) => {
+    if (line.includes(RENEWED)) rig.harvest();
+  });
   await proc.waitForLog((l) => l.msg === RENEWED && l.slot === slot, 30_000);
   // Long before the token fetch holds is due again: another host renews the slot, so
   // fetch's expectation is now stale.
@@ -230,7 +236,6 @@ t.test('409: a stale expectation is replaced by the adopted tokenId and a new re
   t.not(second.tokenId, held, 'a new token after the conflict');
   t.not(second.tokenId, elsewhere.tokenId, 'not the other host’s');
   await proc.stop('SIGTERM');
-  rig.harvest();
 
   const reqs = rig.gw.requestsFor(slot);
   const i409 = reqs.findIndex((r) => r.outcome === 409);
