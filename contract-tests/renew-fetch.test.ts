@@ -1,4 +1,5 @@
 import { readFileSync, statSync } from 'node:fs';
+import { createInterface } from 'node:readline';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from '../test/support/cli-proc.js';
 import type { RenewRecord } from '../test/support/mock-renew-gateway.js';
@@ -208,23 +209,32 @@ t.test('SIGKILL at each step, then a restart: no second token, state converges',
 });
 
 t.test('409: a stale expectation is replaced by the adopted tokenId and a new requestId', async (t) => {
-  // Short lifetime, so the loop renews again by itself after ~2/3 of it.
+  // Short lifetime, so the loop renews again by itself after ~2/3 of it. Everything below
+  // is read from events (fetch's log lines, the Gateway's request records) or from state
+  // once fetch has stopped: a later renewal of the loop may come at any time before that
+  // on a busy machine, and must not change what the test reads. The deadlines are for a
+  // loaded machine (a CLI's start alone took over 10 s at a load of 40 on 2 cores).
   const rig = await makeRig(t, { tokenLifetimeMs: 4_000 });
   const slot = 'instance:conflict-01';
   rig.addSlot(slot);
   const proc = rig.startFetch(['--backoff-cap-ms', '200']);
-  const first = await proc.waitForLog((l) => l.msg === RENEWED && l.slot === slot, 10_000);
-  // At once, long before T1 is due again: another host renews the slot, so our T1
-  // expectation is now stale.
+  // Each token handed over is harvested as its line arrives, before a later renewal of the
+  // loop replaces it in the inbox: the leak checks search for every token minted.
+  createInterface({ input: proc.child.stdout! }).on('line', (line) => {
+    if (line.includes(RENEWED)) rig.harvest();
+  });
+  await proc.waitForLog((l) => l.msg === RENEWED && l.slot === slot, 30_000);
+  // Long before the token fetch holds is due again: another host renews the slot, so
+  // fetch's expectation is now stale.
   const elsewhere = rig.gw.advanceElsewhere(slot);
-  rig.harvest();
-  const t1 = first.tokenId as string;
-  t.equal((await rig.apply()).exit.code, 0, 'T1 applied');
-  t.equal(rig.readSlot(slot).tokenId, t1, 'slots/ holds T1');
-  const conflict = await proc.waitForLog((l) => l.msg?.includes('token conflict (409)') === true, 10_000);
+  const conflict = await proc.waitForLog((l) => l.msg?.includes('token conflict (409)') === true, 30_000);
   t.equal(conflict.currentTokenId, elsewhere.tokenId, 'the 409 line names the adopted tokenId');
-  const second = await proc.waitForLog((l) => l.msg === RENEWED && l.tokenId !== t1, 10_000);
-  rig.harvest();
+  const iConflict = proc.logs.indexOf(conflict);
+  // What fetch handed over last before the conflict: the token its stale request expected.
+  const held = proc.logs.slice(0, iConflict).filter((l) => l.msg === RENEWED && l.slot === slot).pop()?.tokenId;
+  const second = await proc.waitForLog((l) => l.msg === RENEWED && l.slot === slot, 30_000, iConflict);
+  t.not(second.tokenId, held, 'a new token after the conflict');
+  t.not(second.tokenId, elsewhere.tokenId, 'not the other host’s');
   await proc.stop('SIGTERM');
 
   const reqs = rig.gw.requestsFor(slot);
@@ -232,20 +242,25 @@ t.test('409: a stale expectation is replaced by the adopted tokenId and a new re
   t.ok(i409 > 0, 'the Gateway answered 409');
   const stale = reqs[i409];
   const retry = reqs[i409 + 1];
-  t.equal(stale?.expectedTokenId, t1, 'the stale request expected T1');
+  t.equal(stale?.expectedTokenId, held, 'the stale request expected the token fetch held');
   t.equal(retry?.expectedTokenId, elsewhere.tokenId, 'the next request expected the adopted tokenId');
   t.not(retry?.requestId, stale?.requestId, 'under a new requestId');
   t.not(retry?.requestId, reqs[0]?.requestId, 'not the first renewal’s either');
   t.equal(retry?.outcome, 200, 'and succeeded');
-  t.equal(second.tokenId, rig.gw.authority.slotState(slot)?.tokenId, "fetch handed over the Gateway's new token");
+  t.equal(rig.gw.authority.mintedForRequest(retry?.requestId ?? ''), 1, 'one token for it');
+
+  // fetch has stopped: what it handed over last is final (the renewal after the conflict,
+  // or one more of the loop's own).
+  const last = proc.logs.filter((l) => l.msg === RENEWED && l.slot === slot).pop();
+  t.equal(last?.tokenId, rig.gw.authority.slotState(slot)?.tokenId, "fetch handed over the Gateway's current token");
   const inbox = rig.readInbox(slot);
-  t.equal(isOk(inbox) ? inbox.tokenId : undefined, second.tokenId, 'the inbox holds it');
+  t.equal(isOk(inbox) ? inbox.tokenId : undefined, last?.tokenId, 'the inbox holds it');
   t.notOk(rig.readPrivate(slot)?.pending, 'nothing pending');
   t.equal(rig.readPrivate(slot)?.adopted, undefined, 'the adoption was consumed');
 
   const applied = await rig.apply();
   t.equal(applied.exit.code, 0);
-  t.equal(rig.readSlot(slot).tokenId, second.tokenId, 'apply applied the renewal after the conflict');
+  t.equal(rig.readSlot(slot).tokenId, last?.tokenId, 'apply applied the renewal after the conflict');
   t.equal(rig.readToken(slot), isOk(inbox) ? inbox.token : undefined, 'token file holds it');
 });
 

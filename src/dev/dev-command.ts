@@ -256,6 +256,7 @@ function banner(b: { stateDir: string; url: string; forwarder: string; metricsLi
     'Connect and disconnect demo SaaS in the platform; the host follows through its link, no edit:',
     `  page:  ${b.gateway}/demo`,
     `  ${controlCommand(b.stateDirFlag, 'connect binding sandbox')}`,
+    `  ${controlCommand(b.stateDirFlag, 'disconnect binding sandbox')}`,
     `  ${controlCommand(b.stateDirFlag, 'disconnect provider demo')}`,
     '  (bindings: demo, sandbox; provider: demo)',
     'Ctrl-C stops.',

@@ -1,3 +1,4 @@
+import { NOT_SHIPPED, PACKAGE_PARTS } from '../data/package-parts.js';
 import { existsSync } from 'node:fs';
 import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from 'node:fs/promises';
 import { dirname, join, relative, resolve } from 'node:path';
@@ -91,13 +92,7 @@ export function renderUnit(text: string, libDir: string, node: string): string {
   return text.split('@LIBDIR@').join(libDir).split('@NODE@').join(node);
 }
 
-export const PACKAGE_PARTS = ['package.json', 'README.md', 'docs', 'dist', 'shims', 'units', 'node_modules'] as const;
-
-/**
- * `dev` (the demo platform, its demo Gateway and demo CLI) is for a clone, not for a host:
- * an installed package ships none of it, and none of the MCP SDK that only it uses.
- */
-export const NOT_SHIPPED = [join('dist', 'dev')] as const;
+export { PACKAGE_PARTS };
 
 export interface Action {
   what: string;

@@ -1,5 +1,7 @@
+import { PACKAGE_PARTS } from '../data/package-parts.js';
 import { chmod, lstat, mkdir, readdir, readFile, unlink } from 'node:fs/promises';
-import { join, relative, resolve, isAbsolute } from 'node:path';
+import { statSync } from 'node:fs';
+import { isAbsolute, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Catalog } from '../data/catalog.js';
 import { ConfigError } from '../errors.js';
@@ -47,13 +49,44 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
 /** The installed package (dist/shims/install.js → the package root). */
 const PACKAGE_ROOT = resolve(fileURLToPath(new URL('../../', import.meta.url)));
 
+// What every upgrade replaces is PACKAGE_PARTS: shims there would vanish silently, and
+// `shims/` holds the prototype, which the sweep once deleted.
+
 /**
- * An upgrade replaces the installed package whole, so shims inside it would vanish
- * silently, and the sweep there once deleted the shim prototype itself.
+ * The sources: install and the .deb never copy them, so a package root holding them is a
+ * checkout (a clone, a worktree, an unpacked source archive). An upgrade of a checkout
+ * leaves its other directories alone (dev's ./.state is one); an installed package is
+ * replaced whole (install removes its directory first).
  */
-function refuseInsidePackage(dir: string): void {
-  const rel = relative(PACKAGE_ROOT, resolve(dir));
-  if (rel === '' || (!rel.startsWith('..') && !isAbsolute(rel))) {
-    throw new ConfigError(`the shim directory ${resolve(dir)} is inside the installed package (${PACKAGE_ROOT}), which an upgrade replaces; choose another --dir (default as root: ${SYSTEM_SHIM_DIR})`);
+const SOURCE_DIR = 'src';
+
+/** Why `dir` cannot hold shims for a package at `packageRoot`, or undefined if it can. */
+export function shimDirRefusal(dir: string, packageRoot: string): string | undefined {
+  const target = resolve(dir);
+  const root = resolve(packageRoot);
+  const inside = (base: string): boolean => {
+    const rel = relative(base, target);
+    return rel === '' || (rel !== '..' && !rel.startsWith(`..${sep}`) && !isAbsolute(rel));
+  };
+  if (!inside(root)) return undefined;
+  const advice = `choose another --dir (default as root: ${SYSTEM_SHIM_DIR})`;
+  if (!isDirectory(join(root, SOURCE_DIR)) || target === root) {
+    return `the shim directory ${target} is inside the installed package (${root}), which an upgrade replaces; ${advice}`;
   }
+  const part = PACKAGE_PARTS.find((p) => inside(join(root, p)));
+  if (part === undefined) return undefined;
+  return `the shim directory ${target} is inside the installed package's ${part} (${join(root, part)}), which an upgrade replaces; ${advice}`;
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+function refuseInsidePackage(dir: string): void {
+  const reason = shimDirRefusal(dir, PACKAGE_ROOT);
+  if (reason !== undefined) throw new ConfigError(reason);
 }

@@ -1,10 +1,12 @@
-import { cpSync, existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import type { Catalog } from '../../src/data/catalog.js';
 import { ConfigError } from '../../src/errors.js';
-import { installShims } from '../../src/shims/install.js';
+import { PACKAGE_PARTS } from '../../src/data/package-parts.js';
+import { installShims, shimDirRefusal } from '../../src/shims/install.js';
+import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
 
 const PROTOTYPE = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../shims/shim.sh.in');
@@ -40,4 +42,42 @@ t.test('a shim directory inside the installed package is refused with the reason
   const nested = join(inside, 'sub');
   const err2 = await installShims(catalog(['acme']), nested, 'http://127.0.0.1:14324').catch((e: unknown) => e);
   t.ok(err2 instanceof ConfigError, 'a directory below it too');
+});
+
+/** A package root as install or the .deb lays it out; `checkout` adds the sources. */
+function packageRoot(t: TapTest, checkout: boolean): string {
+  const root = tempDir('ac-pkg-', t);
+  for (const part of ['dist', 'shims', 'units', 'node_modules', ...(checkout ? ['src'] : [])]) mkdirSync(join(root, part));
+  return root;
+}
+
+t.test('an installed package (no sources): nothing under it may hold shims, everything outside may', async (t) => {
+  const root = packageRoot(t, false);
+  for (const dir of [root, join(root, 'shims'), join(root, 'dist', 'x'), join(root, '.state', 'shims'), join(root, 'mine')]) {
+    t.match(shimDirRefusal(dir, root), /inside the installed package \(.*\), which an upgrade replaces.*\/var\/lib\/agent-connectors-shims/, `refused: ${dir}`);
+  }
+  t.equal(shimDirRefusal(`${root}-shims`, root), undefined, 'a sibling whose name starts like it');
+  t.equal(shimDirRefusal(join(root, '..', 'elsewhere'), root), undefined, 'outside');
+});
+
+t.test('a checkout: what an upgrade replaces is refused, the rest (dev\'s ./.state/shims) is not', async (t) => {
+  const root = packageRoot(t, true);
+  for (const part of PACKAGE_PARTS) {
+    t.match(shimDirRefusal(join(root, part, 'sub'), root), new RegExp(`inside the installed package's ${part} .*which an upgrade replaces`), `refused: ${part}/sub`);
+  }
+  t.match(shimDirRefusal(join(root, 'shims'), root), /package's shims/, 'the prototype directory itself');
+  t.match(shimDirRefusal(join(root, 'x', '..'), root), /inside the installed package \(/, 'the root itself, however written');
+  t.equal(shimDirRefusal(join(root, '.state', 'shims'), root), undefined, "dev's default");
+  t.equal(shimDirRefusal(join(root, '..shims'), root), undefined, 'a directory whose name starts with two dots is inside, not above');
+  t.equal(shimDirRefusal(join(root, 'shims-mine'), root), undefined, 'a name that only starts like a part');
+});
+
+t.test("installShims writes into a checkout's own state directory (what dev does by default)", async (t) => {
+  // The tests' package root is build/, a checkout: it holds the compiled sources.
+  const root = resolve(fileURLToPath(new URL('.', import.meta.url)), '../..');
+  const dir = join(root, `.state-${process.pid}`, 'shims');
+  t.teardown(() => rmSync(dirname(dir), { recursive: true, force: true }));
+  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  t.same(r.written, ['acme']);
+  t.equal(statSync(join(dir, 'acme')).mode & 0o777, 0o755);
 });
