@@ -46,8 +46,11 @@ t.test('a rejected state is final for its version: reported, passed, and the goo
   await until(() => w.gw.control.presences.some((p) => p.body.problems.includes('state_rejected')), 'presence reports state_rejected', 20_000);
   await until(() => w.gw.pendingFaults() === 0, 'the 500, the 429 and the garbage answered', 20_000);
 
-  // The fix: a newer valid state, published after the faults.
+  // The fix: a newer valid state, published after the faults. The mock's own version
+  // counter does not know the crafted version, so it steps past it first.
+  w.gw.control.connectBinding('bind_good_0002', { instanceId: 'inst-good-2', upstreamUrl: 'https://gw.example.com/mcp/good2' });
   w.gw.control.connectBinding('bind_good_0003', { instanceId: 'inst-good-3', upstreamUrl: 'https://gw.example.com/mcp/good3' });
+  t.ok(w.gw.control.version > rejected, 'the fix is newer than the rejected version');
   const fixed = w.gw.control.version;
   const publishedAt = Date.now();
   await apply.waitForLog(appliedLine(fixed), 30_000);
