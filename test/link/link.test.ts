@@ -25,14 +25,16 @@ const OLD = 'hostcred-old-5b0d1c';
 const NEW = 'hostcred-new-93fa2e';
 type Endpoint = 'state' | 'presence' | 'renew';
 
-/** A Gateway that refuses OLD on one endpoint (401) and otherwise holds long polls, takes presence, and answers renewals 503. */
+/**
+ * A Gateway that refuses OLD on one endpoint (401) and holds every other request unanswered,
+ * so each part of the link has one request in flight when the 401 comes, and the test sees
+ * each of them cut.
+ */
 async function gateway(t: TapTest, refuses: Endpoint) {
   const seen: Array<{ endpoint: Endpoint; credential: string }> = [];
-  const held = new Set<ServerResponse>();
-  const polls: { closed: number } = { closed: 0 };
-  // The 401 waits for a long poll in flight, so the test sees that one cut.
-  let pollHeld!: () => void;
-  const firstPoll = new Promise<void>((r) => (pollHeld = r));
+  const held = new Map<ServerResponse, Endpoint>();
+  const heldAll = (): boolean => (['state', 'presence', 'renew'] as const).filter((e) => e !== refuses).every((e) => [...held.values()].includes(e));
+  const refusals: Array<() => void> = [];
   const server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const credential = (req.headers.authorization ?? '').replace(/^Bearer /, '');
     const path = req.url ?? '';
@@ -40,30 +42,25 @@ async function gateway(t: TapTest, refuses: Endpoint) {
     seen.push({ endpoint, credential });
     req.resume();
     if (credential === OLD && endpoint === refuses) {
-      if (endpoint !== 'state') return void firstPoll.then(() => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"host_credential_invalid"}'));
-      res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"host_credential_invalid"}');
+      const refuse = (): void => void res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"host_credential_invalid"}');
+      if (heldAll()) refuse();
+      else refusals.push(refuse);
       return;
     }
-    if (endpoint === 'presence') return void res.writeHead(204).end();
-    if (endpoint === 'renew') return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":"gateway_unavailable"}');
-    // A long poll held until the client lets go (or the test ends).
-    held.add(res);
-    pollHeld();
-    res.on('close', () => {
-      held.delete(res);
-      if (!res.writableEnded) polls.closed += 1;
-    });
+    held.set(res, endpoint);
+    res.on('close', () => held.delete(res));
+    if (heldAll()) for (const refuse of refusals.splice(0)) refuse();
   });
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   t.teardown(async () => {
-    for (const res of held) res.destroy();
+    for (const res of held.keys()) res.destroy();
     server.closeAllConnections();
     await new Promise<void>((r) => server.close(() => r()));
   });
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   const count = (endpoint: Endpoint, credential: string): number => seen.filter((s) => s.endpoint === endpoint && s.credential === credential).length;
-  return { url, seen, polls, count };
+  return { url, seen, held, count };
 }
 
 async function startLink(t: TapTest, gatewayUrl: string) {
@@ -102,7 +99,7 @@ async function haltsAllThenResumes(t: TapTest, refuses: Endpoint): Promise<void>
   const gw = await gateway(t, refuses);
   const link = await startLink(t, gw.url);
   await until(() => link.lines.some((l) => l.includes('host credential rejected by the Gateway (401)')), `a 401 to ${refuses} halts the link`);
-  if (refuses !== 'state') await until(() => gw.polls.closed >= 1, 'the long poll in flight is cut');
+  await until(() => gw.held.size === 0, 'every request in flight is cut');
   const before = gw.seen.length;
   await new Promise((r) => setTimeout(r, HALTED_WINDOW_MS));
   t.same(gw.seen.slice(before), [], 'nothing sent while halted: no renewal, no poll, no presence');
