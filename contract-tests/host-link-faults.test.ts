@@ -103,7 +103,8 @@ t.test('every state-poll fault: the host keeps serving its last good state, the 
     const crafted = fault(v);
     if (crafted.kind === 'body') {
       t.equal(readFileSync(join(w.applyState, 'mcp-forwarder', 'instances.json'), 'utf8'), registryBefore, `${name}: the registry untouched`);
-      t.not(readFileSync(join(w.handoff, 'desired-state.json'), 'utf8'), JSON.stringify(crafted.body), `${name}: never handed to apply`);
+      // Versioned but invalid: final for its version (SPEC §8); apply rejects it whole.
+      await apply.waitForLog((l) => typeof l.msg === 'string' && l.msg.startsWith('desired state rejected') && l.version === v + 1, 20_000);
     }
     // Recovered: a poll the Gateway answered normally after the fault, then the next
     // change reaches the host and is served.
@@ -117,9 +118,10 @@ t.test('every state-poll fault: the host keeps serving its last good state, the 
     survived += 1;
     n += 1;
   }
-  t.notOk(apply.logs.some((l) => l.msg?.startsWith('desired state rejected')), 'no bad state ever reached apply: the link refused each whole');
+  const crafted = stateFaults.filter((f) => f.fault(0).kind === 'body').length;
+  t.equal(apply.logs.filter((l) => l.msg?.startsWith('desired state rejected')).length, crafted, 'apply rejected each versioned bad state whole, and saw nothing else bad');
   const warned = link.logs.filter((l) => l.msg?.includes('state poll failed'));
-  t.ok(warned.length >= stateFaults.length, 'each fault logged by the link');
+  t.ok(warned.length >= stateFaults.length - crafted, 'each fault logged by the link');
   t.notOk(link.lines.some((l) => l.includes('502 Bad Gateway') || l.includes('gw.example.com') || l.includes('/etc/passwd')), 'no body in any log line');
   figures.stateFaultsSurvived = survived;
 });

@@ -38,7 +38,8 @@ export interface HostWorld {
   linkEnv: Record<string, string>;
   instanceToken: (id: string) => string;
   providerToken: (name: string) => string;
-  startLink: (env?: NodeJS.ProcessEnv) => CliProc;
+  /** `unit`: link.env as the environment, as the unit loads it; `credential-only`: nothing but the files enroll wrote. */
+  startLink: (env?: NodeJS.ProcessEnv, how?: 'unit' | 'credential-only') => CliProc;
   startApply: (env?: NodeJS.ProcessEnv) => CliProc;
 }
 
@@ -110,7 +111,7 @@ export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Pro
   const linkEnv = parseEnvFile(join(root, 'etc', 'link.env'));
 
   const closedHealth = 'http://127.0.0.1:9/healthz';
-  const startLink = (env: NodeJS.ProcessEnv = {}): CliProc => {
+  const startLink = (env: NodeJS.ProcessEnv = {}, how: 'unit' | 'credential-only' = 'unit'): CliProc => {
     const proc = startCli(
       [
         'link',
@@ -128,7 +129,7 @@ export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Pro
         '--log-level', 'trace',
       ],
       // As the unit loads it: link.env is an EnvironmentFile, the credential a path.
-      { ...linkEnv, ...env },
+      how === 'unit' ? { ...linkEnv, ...env } : env,
     );
     t.teardown(() => proc.stop('SIGKILL'));
     return proc;

@@ -24,6 +24,8 @@ export interface GatewayRequest {
   /** An answer longer than this is cut off and is a `retry`: no Gateway answer is read unbounded. */
   maxBodyBytes: number;
   signal?: AbortSignal;
+  /** The clock a Retry-After date is read against. */
+  now?: () => number;
 }
 
 export type GatewayOutcome =
@@ -102,7 +104,7 @@ export class GatewayClient {
     }
     if (status >= 200 && status < 300) return { kind: 'ok', status, body };
     if (status === 401 && req.credential !== undefined) return { kind: 'halted' };
-    if (status === 429 || status >= 500) return { kind: 'retry', cause: 'status', status, reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, Date.now()) };
+    if (status === 429 || status >= 500) return { kind: 'retry', cause: 'status', status, reason: `status ${status}`, retryAfterMs: parseRetryAfter(retryAfter, (req.now ?? Date.now)()) };
     return { kind: 'status', status, body };
   }
 

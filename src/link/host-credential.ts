@@ -60,6 +60,8 @@ export class HostCredential {
    * way the answer is `halted`.
    */
   async request(credential: string, req: Omit<GatewayRequest, 'credential'>): Promise<GatewayOutcome> {
+    // Read before a halt by another part: not sent at all.
+    if (this.halted) return { kind: 'halted' };
     const cut = new AbortController();
     const off = this.onChange(() => {
       if (this.halted) cut.abort();

@@ -67,6 +67,7 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
     timeoutMs: RENEW_TIMEOUT_MS,
     maxBodyBytes: SMALL_ANSWER_BYTES,
     ...(deps.signal && { signal: deps.signal }),
+    now,
   });
   if (answer.kind === 'halted') return { kind: 'credential_invalid' };
   if (answer.kind !== 'retry' || answer.cause === 'status') crashPoint('fetch-after-receive');
