@@ -3,7 +3,7 @@ import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
-import { parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { desiredStateVersion, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
@@ -146,16 +146,6 @@ async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise<void> 
   file.wrote(value, await atomicWrite(file.path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) }));
 }
 
-/** The version only, from a state that failed validation (for the rejected record). */
-function readableVersion(text: string): number | null {
-  try {
-    const v: unknown = (JSON.parse(text) as { version?: unknown } | null)?.version;
-    return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null;
-  } catch {
-    return null;
-  }
-}
-
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -175,7 +165,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
     const parsed = parseDesiredState(text);
     if (!parsed.ok) {
-      const version = readableVersion(text);
+      const version = desiredStateVersion(text);
       await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: parsed.error.slice(0, 1000), at: new Date(now()).toISOString() } });
       if (deps.memo) deps.memo.lastDigest = digest;
       log.error({ version, inForce: applied.version, reason: parsed.error }, 'desired state rejected; the last good one stays in force');
