@@ -92,7 +92,7 @@ t.test('fetch fails at start when it cannot write the hand-off inbox', async (t)
   const exit = await within(proc.exited, 10_000, 'fetch to fail at start');
   t.equal(exit.code, 1, 'exit 1');
   const stderr = proc.stderr.join('\n');
-  t.match(stderr, new RegExp(`renew-fetch: cannot write the hand-off inbox in ${join(handoff, 'inbox')}: permission denied`), 'stderr names the directory and why');
+  t.match(stderr, new RegExp(`link-renewal: cannot write the hand-off inbox in ${join(handoff, 'inbox')}: permission denied`), 'stderr names the directory and why');
   t.equal(rig.gw.requests.length, 0, 'no renewal was attempted');
 });
 
@@ -107,7 +107,7 @@ t.test('fetch fails at start when it cannot write its private state', async (t) 
   });
   const exit = await within(proc.exited, 10_000, 'fetch to fail at start');
   t.equal(exit.code, 1, 'exit 1');
-  t.match(proc.stderr.join('\n'), /renew-fetch: cannot write fetch's private state in .*link\/slots: permission denied/, 'stderr names its private state');
+  t.match(proc.stderr.join('\n'), /link-renewal: cannot write the link's private state in .*link\/slots: permission denied/, 'stderr names its private state');
 });
 
 t.test('apply fails at start when it cannot write the token files\' directory', async (t) => {
@@ -121,7 +121,7 @@ t.test('apply fails at start when it cannot write the token files\' directory', 
   });
   const exit = await within(proc.exited, 10_000, 'apply to fail at start');
   t.equal(exit.code, 1, 'exit 1');
-  t.match(proc.stderr.join('\n'), /renew-apply: cannot write the token files in .*mcp-forwarder: permission denied/, 'stderr names the token directory');
+  t.match(proc.stderr.join('\n'), /apply: cannot write the token files in .*mcp-forwarder: permission denied/, 'stderr names the token directory');
 });
 
 checkNoLeaks(t);

@@ -46,7 +46,7 @@ function defaultTokenDirs(layout: Pick<StateLayout, 'forwarderDir' | 'cliProxyDi
  */
 export function createApplyService(config: ApplyConfig): Service {
   return {
-    name: 'renew-apply',
+    name: 'apply',
     async run({ signal, log, notifier, onReload }) {
       const { paths } = config;
       await checkWritableDir(paths.root, 'the hand-off directory');
@@ -86,7 +86,7 @@ export function createApplyService(config: ApplyConfig): Service {
       };
       if (!config.watch) {
         await runLoop({
-          name: 'renew-apply',
+          name: 'apply',
           log,
           signal,
           failFast: true,
@@ -123,7 +123,7 @@ export function createApplyService(config: ApplyConfig): Service {
         const stopWatchdog = notifier.startWatchdog();
         try {
           await runLoop({
-            name: 'renew-apply',
+            name: 'apply',
             log,
             signal,
             step: async () => {

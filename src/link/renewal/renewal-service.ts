@@ -82,12 +82,12 @@ function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision:
  */
 export function createRenewalService(config: RenewalConfig, credential: HostCredential): Service {
   return {
-    name: 'renew-fetch',
+    name: 'link-renewal',
     async run({ signal, log, notifier, onReload }) {
       const paths = handoffPaths(config.handoffDir);
       const state = new RenewalState(join(config.privateDir, 'slots'));
       await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
-      await checkWritableDir(state.dir, "fetch's private state", { mode: 0o700 });
+      await checkWritableDir(state.dir, "the link's private state", { mode: 0o700 });
       // A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
       // token); apply ignores dot files, so fetch, their only writer, sweeps its own.
       for (const dir of [paths.inbox, state.dir]) {
@@ -195,7 +195,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         if (config.once) {
           const deadline = Date.now() + config.onceBudgetMs;
           await runLoop({
-            name: 'renew-fetch',
+            name: 'link-renewal',
             log,
             signal,
             failFast: true,
@@ -229,7 +229,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         );
         try {
           await runLoop({
-            name: 'renew-fetch',
+            name: 'link-renewal',
             log,
             signal,
             step,
