@@ -34,8 +34,8 @@ export interface HotFileOptions<T> {
 export class HotFile<T> {
   private state: HotState<T>;
   private unwatch: (() => void) | undefined;
-  /** The directory the watch holds, resolved: a re-pointed symlink is seen on reload(). */
-  private watchedDir: string | undefined;
+  /** What the watch holds, resolved: a re-pointed symlink is followed after the next load. */
+  private watched: string | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
   private loading: Promise<void> = Promise.resolve();
@@ -55,25 +55,36 @@ export class HotFile<T> {
     await this.reload();
   }
 
+  /**
+   * Watches the file's directory for its name and, when the file is a symlink into another
+   * directory, that directory for the target's name too (a write there names no entry
+   * here). Both are resolved again on every load; a change of either re-arms.
+   */
   private async watch(): Promise<void> {
-    const dir = dirname(this.options.path);
-    const resolved = await realpath(dir).catch(() => dir);
-    if (this.closed || (this.unwatch && resolved === this.watchedDir)) return;
+    const path = this.options.path;
+    const targets = [{ dir: dirname(path), name: basename(path) }];
+    const real = await realpath(path).catch(() => undefined);
+    const realDir = await realpath(dirname(path)).catch(() => dirname(path));
+    if (real !== undefined && dirname(real) !== realDir) targets.push({ dir: dirname(real), name: basename(real) });
+    const key = JSON.stringify([realDir, ...targets.slice(1)]);
+    if (this.closed || (this.unwatch && key === this.watched)) return;
     this.unwatch?.();
-    this.watchedDir = resolved;
-    const name = basename(this.options.path);
+    this.watched = key;
     // Every event naming the file is followed by a fresh read after the debounce, however
     // many come and however close together (chokidar, the watcher before this, dropped a
     // second `change` within 50 ms, which lost a quick bind-then-unbind). An unnamed event
     // or an error may hide a change to the file: read it too.
-    this.unwatch = watchDir(
-      dir,
-      (changed) => {
-        if (changed === name || changed === undefined) this.schedule();
-      },
-      () => this.schedule(),
-      { reappear: true },
+    const stops = targets.map(({ dir, name }) =>
+      watchDir(
+        dir,
+        (changed) => {
+          if (changed === name || changed === undefined) this.schedule();
+        },
+        () => this.schedule(),
+        { reappear: true },
+      ),
     );
+    this.unwatch = () => stops.forEach((stop) => stop());
   }
 
   private schedule(): void {

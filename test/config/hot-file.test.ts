@@ -309,3 +309,24 @@ t.test('after reload() through a re-pointed directory symlink, the new directory
   renameInto(join(d, 'gen2', 'instances.json'), registryText([ID1, ID2]));
   t.ok(await eventually(() => ID1 in h.current.value && ID2 in h.current.value), 'a replacement in the new directory is loaded without reload()');
 });
+
+t.test('a file that is a symlink into another directory: a replacement of its target is loaded, and so is a re-pointed link', async (t) => {
+  const d = dir();
+  for (const sub of ['etc', 'gen1', 'gen2']) mkdirSync(join(d, sub));
+  renameInto(join(d, 'gen1', 'instances.json'), registryText([ID1]));
+  renameInto(join(d, 'gen2', 'instances.json'), registryText([ID2]));
+  const p = join(d, 'etc', 'instances.json');
+  symlinkSync(join(d, 'gen1', 'instances.json'), p);
+  const h = hot(t, p);
+  await h.start();
+  t.strictSame(Object.keys(h.current.value), [ID1]);
+
+  renameInto(join(d, 'gen1', 'instances.json'), registryText([ID1, ID2]));
+  t.ok(await eventually(() => ID2 in h.current.value), "the target's replacement, in its own directory, is loaded");
+
+  symlinkSync(join(d, 'gen2', 'instances.json'), `${p}.new`);
+  renameSync(`${p}.new`, p);
+  t.ok(await eventually(() => !(ID1 in h.current.value)), 'the re-pointed link is loaded');
+  renameInto(join(d, 'gen2', 'instances.json'), registryText([ID1]));
+  t.ok(await eventually(() => ID1 in h.current.value && !(ID2 in h.current.value)), "and then its new target's directory is watched");
+});
