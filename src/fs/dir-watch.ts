@@ -59,8 +59,9 @@ function inode(path: string): number | undefined {
  * When the watched directory goes, inotify reports an event named after the directory
  * itself (IN_DELETE_SELF, as node passes it on), then nothing more: that event re-arms
  * (an entry of the same name inside costs a needless re-arm and rescan), and so does an
- * unnamed event or an error that finds the directory gone or another one in its place. Until it exists, its nearest existing ancestor is watched for the next
- * component of the path to appear.
+ * unnamed event or an error that finds the directory gone or another one in its place.
+ * Until it exists, its nearest existing ancestor is watched for the next component of
+ * the path to appear.
  */
 function watchReappearing(dir: string, onChange: (name: string | undefined) => void, onError: (err: Error) => void): () => void {
   const self = basename(dir);
