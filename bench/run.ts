@@ -13,6 +13,7 @@ import { runLink } from './link.js';
 import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
+import { runWatcherCost } from './watcher-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -21,6 +22,7 @@ async function main(): Promise<number> {
     return 0;
   }
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
+  if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   let opts;
   try {
@@ -51,7 +53,10 @@ async function main(): Promise<number> {
       return runLink(log, opts.cli);
     default:
       await runBench(opts, log);
-      if (opts.mode === 'full') await runMetricsCost(opts, log);
+      if (opts.mode === 'full') {
+        await runMetricsCost(opts, log);
+        log(`watcher cost: ${JSON.stringify((await runWatcherCost(log)).medians)}`);
+      }
       return opts.mode === 'full' ? runRotation(log) : 0;
   }
 }

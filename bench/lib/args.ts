@@ -37,6 +37,8 @@ export const USAGE = `usage: npm run bench -- [options]
                          (6 minutes on a busy 2-core VM; docs/host-link.md)
   --renew-burst          only renew fetch's rate for 2 000 new slots at --renew-concurrency
                          1 and 8, twice each (docs/host-link.md)
+  --watcher              only the file watcher's cost: chokidar against fs.watch on a
+                         directory of 10 000 token files, 3 runs each (docs/performance.md)
   --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen
                          off and on, alternating (a full run includes it; docs/metrics.md)
   --audit                only the audit cost: cli-proxy CPU and disk writes per request with

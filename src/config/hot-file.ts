@@ -1,7 +1,7 @@
-import { readFile } from 'node:fs/promises';
+import { readFile, realpath } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
-import { watch, type FSWatcher } from 'chokidar';
 import type { ParseResult } from '../data/parse.js';
+import { watchDir } from '../fs/dir-watch.js';
 
 export type HotStatus = 'ok' | 'degraded';
 
@@ -24,14 +24,19 @@ export interface HotFileOptions<T> {
 }
 
 /**
- * A JSON config file that reloads itself: watched through its directory (writers rename
- * into place, which a watch on the file itself would lose), reloadable on demand (SIGHUP).
+ * A JSON config file that reloads itself: watched through its directory, filtered by its
+ * name (writers rename into place, which replaces the inode a watch on the file itself
+ * would hold), reloadable on demand (SIGHUP). The directory may be missing, or removed
+ * and made again: it is watched once it exists.
  * A bad file never replaces a good one: the last good value stays in force and the state
  * turns `degraded` until a good file loads. A missing file is an empty config.
  */
 export class HotFile<T> {
   private state: HotState<T>;
-  private watcher: FSWatcher | undefined;
+  private unwatch: (() => void) | undefined;
+  /** What the watch holds, resolved: a re-pointed symlink is followed after the next load. */
+  private watched: string | undefined;
+  private closed = false;
   private timer: NodeJS.Timeout | undefined;
   private loading: Promise<void> = Promise.resolve();
 
@@ -45,29 +50,45 @@ export class HotFile<T> {
 
   /** Loads once and starts watching. Resolves after the first load, good or bad. */
   async start(): Promise<void> {
+    // Watching first: a change made while the first load runs is read again after it.
+    await this.watch();
     await this.reload();
-    const name = basename(this.options.path);
-    this.watcher = watch(dirname(this.options.path), {
-      ignoreInitial: true,
-      depth: 0,
-      // Follow a symlinked directory or file, re-resolved on every event.
-      followSymlinks: true,
-    });
-    const onEvent = (path: string): void => {
-      if (basename(path) === name) this.schedule();
-    };
-    this.watcher.on('add', onEvent).on('change', onEvent).on('unlink', onEvent);
-    // chokidar drops a second `change` for the same path within 50 ms and never replays it,
-    // which would lose a quick bind-then-unbind. Raw events are not throttled; our own
-    // debounce merges bursts.
-    this.watcher.on('raw', (_event: string, path: string) => {
-      if (basename(path) === name) this.schedule();
-    });
-    this.watcher.on('error', () => this.schedule());
-    await new Promise<void>((resolve) => this.watcher?.once('ready', () => resolve()));
+  }
+
+  /**
+   * Watches the file's directory for its name and, when the file is a symlink into another
+   * directory, that directory for the target's name too (a write there names no entry
+   * here). Both are resolved again on every load; a change of either re-arms.
+   */
+  private async watch(): Promise<void> {
+    const path = this.options.path;
+    const targets = [{ dir: dirname(path), name: basename(path) }];
+    const real = await realpath(path).catch(() => undefined);
+    const realDir = await realpath(dirname(path)).catch(() => dirname(path));
+    if (real !== undefined && dirname(real) !== realDir) targets.push({ dir: dirname(real), name: basename(real) });
+    const key = JSON.stringify([realDir, ...targets.slice(1)]);
+    if (this.closed || (this.unwatch && key === this.watched)) return;
+    this.unwatch?.();
+    this.watched = key;
+    // Every event naming the file is followed by a fresh read after the debounce, however
+    // many come and however close together (chokidar, the watcher before this, dropped a
+    // second `change` within 50 ms, which lost a quick bind-then-unbind). An unnamed event
+    // or an error may hide a change to the file: read it too.
+    const stops = targets.map(({ dir, name }) =>
+      watchDir(
+        dir,
+        (changed) => {
+          if (changed === name || changed === undefined) this.schedule();
+        },
+        () => this.schedule(),
+        { reappear: true },
+      ),
+    );
+    this.unwatch = () => stops.forEach((stop) => stop());
   }
 
   private schedule(): void {
+    if (this.closed) return;
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {
       this.timer = undefined;
@@ -75,9 +96,15 @@ export class HotFile<T> {
     }, this.options.debounceMs ?? 30);
   }
 
-  /** Re-reads the path afresh (it may now resolve through a different symlink). Serialised. */
+  /**
+   * Re-reads the path afresh (it may now resolve through a different symlink, which the
+   * watch then follows too). Serialised.
+   */
   reload(): Promise<void> {
-    this.loading = this.loading.then(() => this.load());
+    this.loading = this.loading.then(async () => {
+      await this.load();
+      if (this.unwatch) await this.watch();
+    });
     return this.loading;
   }
 
@@ -110,8 +137,11 @@ export class HotFile<T> {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     if (this.timer) clearTimeout(this.timer);
-    await this.watcher?.close();
+    this.unwatch?.();
     await this.loading;
+    // A load that was running may have scheduled another.
+    if (this.timer) clearTimeout(this.timer);
   }
 }

@@ -1,9 +1,10 @@
 import { existsSync } from 'node:fs';
 import { basename } from 'node:path';
-import { watch } from 'chokidar';
 import { readAppliedState } from '../data/applied-state.js';
 import { readCatalog } from '../data/catalog.js';
+import { handoffPaths } from '../data/handoff.js';
 import { readInstances } from '../data/registry.js';
+import { watchDir } from '../fs/dir-watch.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 
@@ -122,15 +123,18 @@ export function createHostReport(config: HostReportConfig): Service {
     name: 'dev-report',
     async run({ signal, log }) {
       let view = EMPTY_VIEW;
-      const watcher = watch(config.handoffDir, {
-        ignoreInitial: true,
-        depth: 1,
-        ignored: (p: string) => basename(p).startsWith('.') || /\/(inbox|rejected)(\/|$)/.test(p.slice(config.handoffDir.length)),
-      });
-      const ready = new Promise<void>((r) => watcher.once('ready', () => r()));
+      const wakers = new Set<() => void>();
+      const wakeAll = (): void => {
+        for (const wake of wakers) wake();
+      };
+      const onError = (err: Error): void => log.warn({ err: { message: err.message } }, 'watching the hand-off failed; looking every few seconds');
+      // applied-state.json in the hand-off's root, and slots/ (apply writes a slot file
+      // after each token); not inbox/ or rejected/, which are fetch's and apply's traffic.
+      const unwatch = [
+        watchDir(config.handoffDir, wakeAll, onError, { reappear: true }),
+        watchDir(handoffPaths(config.handoffDir).slots, wakeAll, onError, { reappear: true }),
+      ];
       try {
-        watcher.on('error', (err) => log.warn({ err: { message: (err as Error).message } }, 'watching the hand-off failed; looking every few seconds'));
-        await ready;
         await runLoop({
           name: 'dev-report',
           log,
@@ -142,12 +146,12 @@ export function createHostReport(config: HostReportConfig): Service {
             return 5_000;
           },
           subscribeWake: (wake) => {
-            watcher.on('all', wake).on('raw', wake);
-            return () => undefined;
+            wakers.add(wake);
+            return () => wakers.delete(wake);
           },
         });
       } finally {
-        await watcher.close();
+        for (const stop of unwatch) stop();
       }
     },
   };

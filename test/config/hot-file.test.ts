@@ -1,4 +1,4 @@
-import { mkdirSync, renameSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, renameSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
@@ -210,7 +210,7 @@ t.test('reload() re-resolves a symlink that changed', async (t) => {
   t.strictSame(Object.keys(h.current.value), [ID2], 'the new link target is read');
 });
 
-t.test('reload() re-resolves a symlinked directory that changed', async (t) => {
+t.test('reload() re-resolves a symlinked directory that changed, and the watch moves there', async (t) => {
   const d = dir();
   mkdirSync(join(d, 'gen1'));
   mkdirSync(join(d, 'gen2'));
@@ -218,12 +218,14 @@ t.test('reload() re-resolves a symlinked directory that changed', async (t) => {
   writeFileSync(join(d, 'gen2', 'instances.json'), registryText([ID2]));
   symlinkSync(join(d, 'gen1'), join(d, 'current'));
   const h = hot(t, join(d, 'current', 'instances.json'));
-  await h.reload();
+  await h.start();
   t.strictSame(Object.keys(h.current.value), [ID1]);
   symlinkSync(join(d, 'gen2'), join(d, 'current.new'));
   renameSync(join(d, 'current.new'), join(d, 'current'));
   await h.reload();
   t.strictSame(Object.keys(h.current.value), [ID2]);
+  renameInto(join(d, 'gen2', 'instances.json'), registryText([ID1, ID2]));
+  t.ok(await eventually(() => ID1 in h.current.value && ID2 in h.current.value), 'a replacement in the new directory is loaded without reload()');
 });
 
 t.test('close() stops watching', async (t) => {
@@ -245,4 +247,71 @@ t.test('close() stops watching', async (t) => {
   t.strictSame(Object.keys(closed.current.value), [ID1], 'a closed HotFile keeps its value');
   t.equal(closed.current.generation, generation, 'and never reloaded');
   await t.resolves(closed.close(), 'close() twice is harmless');
+});
+
+t.test('the registry replaced by rename 50 times in a row: every replacement is seen and the last wins', async (t) => {
+  const d = dir();
+  const p = join(d, 'instances.json');
+  const loads: number[] = [];
+  const h = hot(t, p, (s) => loads.push(Object.keys(s.value).length));
+  await h.start();
+  const ids: string[] = [];
+  for (let i = 0; i < 50; i++) {
+    ids.push(`row_binding_${String(i).padStart(4, '0')}`);
+    renameInto(p, registryText(ids));
+  }
+  t.ok(await eventually(() => Object.keys(h.current.value).length === 50 && ids.every((id) => id in h.current.value)), 'the 50th version is in force');
+  t.equal(h.current.status, 'ok');
+  t.ok(loads.every((n, i) => i === 0 || n >= (loads[i - 1] ?? 0)), 'no load went back to an older version');
+});
+
+t.test('the watched directory removed and made again: the file in the new directory is loaded', async (t) => {
+  const root = dir();
+  const d = join(root, 'mcp-forwarder');
+  mkdirSync(d);
+  const p = join(d, 'instances.json');
+  renameInto(p, registryText([ID1]));
+  const h = hot(t, p);
+  await h.start();
+  t.ok(ID1 in h.current.value);
+
+  rmSync(d, { recursive: true });
+  t.ok(await eventually(() => Object.keys(h.current.value).length === 0), 'the removed file is an empty registry');
+  mkdirSync(d);
+  renameInto(p, registryText([ID2]));
+  t.ok(await eventually(() => ID2 in h.current.value), 'the file in the re-made directory is loaded without reload()');
+  renameInto(p, registryText([ID1, ID2]));
+  t.ok(await eventually(() => ID1 in h.current.value && ID2 in h.current.value), 'and its next replacement too');
+});
+
+t.test('a directory missing at start: its file is loaded once both appear', async (t) => {
+  const root = dir();
+  const p = join(root, 'not-yet', 'instances.json');
+  const h = hot(t, p);
+  await h.start();
+  t.strictSame(h.current.value, {});
+  mkdirSync(join(root, 'not-yet'));
+  renameInto(p, registryText([ID1]));
+  t.ok(await eventually(() => ID1 in h.current.value), 'loaded without reload()');
+});
+
+t.test('a file that is a symlink into another directory: a replacement of its target is loaded, and so is a re-pointed link', async (t) => {
+  const d = dir();
+  for (const sub of ['etc', 'gen1', 'gen2']) mkdirSync(join(d, sub));
+  renameInto(join(d, 'gen1', 'instances.json'), registryText([ID1]));
+  renameInto(join(d, 'gen2', 'instances.json'), registryText([ID2]));
+  const p = join(d, 'etc', 'instances.json');
+  symlinkSync(join(d, 'gen1', 'instances.json'), p);
+  const h = hot(t, p);
+  await h.start();
+  t.strictSame(Object.keys(h.current.value), [ID1]);
+
+  renameInto(join(d, 'gen1', 'instances.json'), registryText([ID1, ID2]));
+  t.ok(await eventually(() => ID2 in h.current.value), "the target's replacement, in its own directory, is loaded");
+
+  symlinkSync(join(d, 'gen2', 'instances.json'), `${p}.new`);
+  renameSync(`${p}.new`, p);
+  t.ok(await eventually(() => !(ID1 in h.current.value)), 'the re-pointed link is loaded');
+  renameInto(join(d, 'gen2', 'instances.json'), registryText([ID1]));
+  t.ok(await eventually(() => ID1 in h.current.value && !(ID2 in h.current.value)), "and then its new target's directory is watched");
 });
