@@ -23,8 +23,8 @@ export interface HostView {
   bindings: Map<string, string>;
   providers: Map<string, string>;
   /** In the registry (catalog), served or not. */
-  listedBindings: Set<string>;
-  listedProviders: Set<string>;
+  listedBindings: Map<string, string>;
+  listedProviders: Map<string, string>;
 }
 
 export const EMPTY_VIEW: HostView = {
@@ -32,8 +32,8 @@ export const EMPTY_VIEW: HostView = {
   rejected: undefined,
   bindings: new Map(),
   providers: new Map(),
-  listedBindings: new Set(),
-  listedProviders: new Set(),
+  listedBindings: new Map(),
+  listedProviders: new Map(),
 };
 
 export interface HostReportConfig {
@@ -58,8 +58,8 @@ export async function readHostView(config: Pick<HostReportConfig, 'handoffDir' |
     rejected: applied?.rejected?.version,
     bindings: served(Object.entries(instances).map(([id, b]) => [id, b.tokenFile])),
     providers: served(Object.entries(catalog).map(([name, p]) => [name, p.tokenFile])),
-    listedBindings: new Set(Object.keys(instances)),
-    listedProviders: new Set(Object.keys(catalog)),
+    listedBindings: new Map(Object.entries(instances).map(([id, b]) => [id, b.tokenFile])),
+    listedProviders: new Map(Object.entries(catalog).map(([name, p]) => [name, p.tokenFile])),
   };
 }
 
@@ -76,8 +76,13 @@ export function describeChange(prev: HostView, next: HostView, config: Pick<Host
     const base = config.forwarderBase();
     lines.push(`host: binding ${label(id)} now served at ${base ? `${base}/i/${id}/mcp` : `/i/${id}/mcp`}`);
   }
-  for (const [id, file] of prev.bindings) {
-    if (next.bindings.has(id)) continue;
+  // A disconnect can come in two steps: the renewal's 404 deletes the token file at once,
+  // the desired state then drops the entry. Both end as one disconnect.
+  const gone = (served: Map<string, string>, listed: Map<string, string>, nextServed: Map<string, string>, nextListed: Map<string, string>): Array<[string, string]> => [
+    ...[...served].filter(([key]) => !nextServed.has(key)),
+    ...[...listed].filter(([key]) => !served.has(key) && !nextListed.has(key)),
+  ];
+  for (const [id, file] of gone(prev.bindings, prev.listedBindings, next.bindings, next.listedBindings)) {
     lines.push(
       next.listedBindings.has(id)
         ? `host: binding ${label(id)} has no token file now (${file}): the forwarder answers 503 until a renewal brings one`
@@ -89,8 +94,7 @@ export function describeChange(prev: HostView, next: HostView, config: Pick<Host
     const base = config.cliProxyBase();
     lines.push(`host: provider ${name} now served by the cli-proxy at ${base ? `${base}/p/${name}` : `/p/${name}`}`);
   }
-  for (const [name, file] of prev.providers) {
-    if (next.providers.has(name)) continue;
+  for (const [name, file] of gone(prev.providers, prev.listedProviders, next.providers, next.listedProviders)) {
     lines.push(
       next.listedProviders.has(name)
         ? `host: provider ${name} has no token file now (${basename(file)}): the cli-proxy answers 503 until a renewal brings one`
@@ -109,7 +113,7 @@ export function describeChange(prev: HostView, next: HostView, config: Pick<Host
  */
 export function settled(prev: HostView, next: HostView): HostView {
   if (next.version !== prev.version) return next;
-  const carry = (was: Map<string, string>, now: Map<string, string>, listed: Set<string>): Map<string, string> => {
+  const carry = (was: Map<string, string>, now: Map<string, string>, listed: Map<string, string>): Map<string, string> => {
     const out = new Map(now);
     for (const [key, file] of was) if (!now.has(key) && !listed.has(key) && existsSync(file)) out.set(key, file);
     return out;

@@ -97,7 +97,7 @@ function checkMetricsPort(config: PartsConfig): void {
   const port = config.metrics?.listen.port;
   if (!port) return;
   for (const listen of [config.forwarder?.listen, config.cliProxy?.listen]) {
-    if (listen && listen.port === port) throw new ConfigError(`--metrics-listen must not be a part's own port (${port}): metrics get a port of their own`);
+    if (listen && listen.port === port) throw new ConfigError(`--metrics-listen must not be the part's own port (${port}): metrics get a port of their own`);
   }
 }
 

@@ -28,7 +28,13 @@ t.test('the view and the lines: served, disconnected (token deleted), token miss
   t.same(describeChange(listed, served, names), [`host: binding sandbox now served at http://127.0.0.1:1/i/${id}/mcp`]);
 
   rmSync(token);
-  t.match(describeChange(served, await readHostView(config), names), [/binding sandbox has no token file now/], 'a token gone while listed');
+  const unserved = await readHostView(config);
+  t.match(describeChange(served, unserved, names), [/binding sandbox has no token file now/], 'a token gone while listed');
+  // A renewal answered 404 deleted the token first; the desired state drops the entry after.
+  writeFileSync(instancesPath, '{}');
+  applied(6);
+  t.match(describeChange(unserved, await readHostView(config), names), [/version 6/, /binding sandbox disconnected: token file deleted \(sandbox\.token\)/], 'a disconnect in two steps is still told');
+  writeFileSync(instancesPath, JSON.stringify({ [id]: { instanceId: 'sandbox', upstreamUrl: 'http://127.0.0.1:3/mcp', tokenFile: token } }));
 
   writeFileSync(token, 'tok\n', { mode: 0o600 });
   writeFileSync(instancesPath, '{}');
