@@ -28,13 +28,13 @@ const MIN_CORE_CHARS = 12;
  * anything): whatever surrounds the token, one of these appears in the blob's encoding.
  */
 export function base64Cores(token: string): string[] {
-  const bytes = Buffer.from(token);
   const cores: string[] = [];
+  const n = Buffer.byteLength(token);
   for (let pad = 0; pad < 3; pad++) {
-    const encoded = Buffer.concat([Buffer.alloc(pad), bytes]).toString('base64');
+    const encoded = Buffer.from(`${'\0'.repeat(pad)}${token}`).toString('base64');
     // Character c holds bits [6c, 6c+6); the token holds bits [8·pad, 8·(pad+n)).
     const first = Math.ceil((8 * pad) / 6);
-    const end = Math.floor((8 * (pad + bytes.length)) / 6);
+    const end = Math.floor((8 * (pad + n)) / 6);
     const core = encoded.slice(first, end);
     if (core.length >= MIN_CORE_CHARS) cores.push(core);
   }
@@ -42,14 +42,22 @@ export function base64Cores(token: string): string[] {
 }
 
 /**
- * The needles for one request's token. `credentials` are the strings the proxy encoded
- * itself (basic auth's `user:token`), whose exact base64 is looked for too; `token:` and
- * the bare token always are.
+ * The needles for one request's token. A token long enough for all three base64 cores is
+ * found through them alone: any base64 holding its bytes (`user:token` as a basic inject
+ * builds it, `token:`, the bare token) contains one. A shorter one is looked for in the
+ * exact base64 of `credentials` (the pairs the proxy encoded itself), `token:`, `:token`
+ * and the bare token. Run on every answer, so kept to three encodings for a real token.
  */
 export function tokenNeedles(token: string, credentials: readonly string[] = []): TokenNeedles {
-  const exact = [token, `${token}:`, `:${token}`, ...credentials].map((s) => Buffer.from(s).toString('base64'));
-  const standard = [...exact, ...exact.map((s) => s.replace(/=+$/, '')), ...base64Cores(token)];
-  const urlSafe = standard.map((s) => s.replace(/\+/g, '-').replace(/\//g, '_'));
+  const cores = base64Cores(token);
+  const standard =
+    cores.length === 3
+      ? cores
+      : [token, `${token}:`, `:${token}`, ...credentials].flatMap((s) => {
+          const b = Buffer.from(s).toString('base64');
+          return [b, b.replace(/=+$/, '')];
+        });
+  const urlSafe = standard.filter((s) => /[+/]/.test(s)).map((s) => s.replace(/\+/g, '-').replace(/\//g, '_'));
   return { token, base64: [...new Set([...standard, ...urlSafe])].filter((s) => s.length > 0) };
 }
 
@@ -68,6 +76,7 @@ export function holdsToken(text: string, needles: TokenNeedles): boolean {
   for (let round = 0; round < 3; round++) {
     if (variant.includes(needles.token)) return true;
     for (const b of needles.base64) if (variant.includes(b)) return true;
+    if (!variant.includes('%')) return false;
     const next = percentDecode(variant);
     if (next === variant) return false;
     variant = next;
