@@ -3,7 +3,8 @@ import { Transform, type TransformCallback } from 'node:stream';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
 import { AppError, ClientGoneError } from '../errors.js';
-import { dropHeaderRecord, dropRawHeaders, firstValue } from '../http/headers.js';
+import { cliUpstreamToAgentPolicy, dropRawHeaders, filterResponseRecord, firstValue, type HeaderRecord } from '../http/headers.js';
+import { holdsToken, tokenNeedles, withoutReflectedToken, type TokenNeedles } from '../http/token-reflection.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
 import { readBody } from '../http/request-body.js';
@@ -13,8 +14,8 @@ import { version } from '../version.js';
 import type { Catalog } from '../data/catalog.js';
 import type { AuditSpool } from './audit-spool.js';
 import type { AuditEvent } from '../data/audit-event.js';
-import { injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
-import { rewriteLocation, routeCli, upstreamUrl } from './route.js';
+import { basicCredential, injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
+import { rewriteLinkHeader, rewriteLocation, routeCli, upstreamUrl } from './route.js';
 
 export interface CliProxyDeps extends PipelineDeps {
   catalog: HotFile<Catalog>;
@@ -33,8 +34,6 @@ export interface CliProxyDeps extends PipelineDeps {
  */
 export const REPLAY_LIMIT = 64 * 1024;
 
-/** Upstream → CLI: a session cookie would be a credential the agent could keep. */
-const RESPONSE_DROP: ReadonlySet<string> = new Set(['set-cookie', 'set-cookie2']);
 const REFUSED_METHODS = new Set(['CONNECT', 'TRACE']);
 const ALLOWED_METHODS = 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
 
@@ -178,19 +177,38 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   rec.bytesIn = buffered?.length ?? limiter?.seen ?? 0;
   rec.upstreamStatus = upstream.statusCode;
 
-  const out = dropHeaderRecord(upstream.headers, RESPONSE_DROP);
-  const location = firstValue(out.location);
-  if (location !== undefined) {
-    let rewritten = rewriteLocation(location, url, provider.upstream, `http://${req.headers.host ?? ''}/p/${r.provider}`);
-    // An upstream may echo the query it received: never hand the injected token back.
-    if (provider.inject.type === 'query') rewritten = withoutQueryParam(rewritten, provider.inject.name);
-    if (rewritten.includes(token) || rewritten.includes(encodeURIComponent(token))) {
-      throw new AppError('upstream_unreachable'); // cannot be made safe; refuse rather than leak
-    }
-    out.location = rewritten;
-  }
+  const needles = tokenNeedles(token, provider.inject.type === 'basic' ? [basicCredential(provider.inject, token)] : []);
+  const out = withoutReflectedToken(
+    backThroughProxy(filterResponseRecord(upstream.headers, cliUpstreamToAgentPolicy), provider, url, `http://${req.headers.host ?? ''}/p/${r.provider}`, needles),
+    needles,
+    rec,
+    deps.log,
+  );
   deps.observer?.answering(res, upstream.headers['content-type']);
   const outcome = await call.pipe(upstream.statusCode, out);
   rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;
+}
+
+/**
+ * URLs in `Location` and `Link` that point back into the upstream go through the proxy
+ * instead (the CLI would otherwise call the upstream with only its placeholder), less the
+ * query parameter a `query` inject put there: an upstream may echo the query it got.
+ */
+function backThroughProxy(out: HeaderRecord, provider: Catalog[string], url: URL, proxyBase: string, needles: TokenNeedles): HeaderRecord {
+  const inject = provider.inject;
+  const rewrite = (uri: string): string => {
+    const rewritten = rewriteLocation(uri, url, provider.upstream, proxyBase);
+    return inject.type === 'query' ? withoutQueryParam(rewritten, inject.name) : rewritten;
+  };
+  const location = firstValue(out.location);
+  if (location !== undefined) {
+    const rewritten = rewrite(location);
+    // A redirect without its target would be a different answer: refuse rather than leak.
+    if (holdsToken(rewritten, needles)) throw new AppError('upstream_unreachable');
+    out.location = rewritten;
+  }
+  const link = out.link;
+  if (link !== undefined) out.link = Array.isArray(link) ? link.map((v) => rewriteLinkHeader(v, rewrite)) : rewriteLinkHeader(link, rewrite);
+  return out;
 }

@@ -28,9 +28,14 @@ export function injectToken(inject: Inject, token: string, headers: HeaderRecord
       url.search = withQueryParam(url.search, inject.name, token);
       return;
     case 'basic':
-      headers.authorization = `Basic ${Buffer.from(`${fill(inject.username, token)}:${fill(inject.password, token)}`).toString('base64')}`;
+      headers.authorization = `Basic ${Buffer.from(basicCredential(inject, token)).toString('base64')}`;
       return;
   }
+}
+
+/** The `user:password` pair a `basic` inject encodes, the token filled in. */
+export function basicCredential(inject: Extract<Inject, { type: 'basic' }>, token: string): string {
+  return `${fill(inject.username, token)}:${fill(inject.password, token)}`;
 }
 
 /** The raw query without any `name=` parameter; every other parameter byte for byte. */

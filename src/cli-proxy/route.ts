@@ -44,3 +44,12 @@ export function rewriteLocation(location: string, requestUrl: URL, base: string,
   if (target.origin !== baseUrl.origin || !(target.pathname === basePath || target.pathname.startsWith(`${basePath}/`))) return location;
   return `${proxyBase}${target.pathname.slice(basePath.length)}${target.search}${target.hash}`;
 }
+
+/**
+ * Each URI reference of a `Link` value (`<uri>; rel="next", <uri>; rel="last"`) through
+ * `rewrite`, the parameters kept byte for byte: pagination links get the treatment a
+ * Location gets, so `gh api --paginate` and the like keep going through the proxy.
+ */
+export function rewriteLinkHeader(value: string, rewrite: (uri: string) => string): string {
+  return value.replace(/<([^>]*)>/g, (_, uri: string) => `<${rewrite(uri)}>`);
+}

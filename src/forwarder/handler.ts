@@ -4,6 +4,7 @@ import type { HotFile } from '../config/hot-file.js';
 import { AppError, ClientGoneError } from '../errors.js';
 import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
 import { readBody } from '../http/request-body.js';
+import { tokenNeedles, withoutReflectedToken } from '../http/token-reflection.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
@@ -80,7 +81,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     rec.tokenProblem = read.reason;
     throw new AppError('token_unavailable');
   }
-  const token = read.token;
+  let token = read.token;
   const baseHeaders = filterRawHeaders(req.rawHeaders, agentToUpstreamPolicy);
   baseHeaders['x-request-id'] = rec.reqId;
 
@@ -104,7 +105,8 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     }
     if (end.kind === 'renewed') {
       rec.retried = true;
-      call = send(deps, binding, res, method, baseHeaders, body, end.token);
+      token = end.token;
+      call = send(deps, binding, res, method, baseHeaders, body, token);
       head = await call.head;
       rec.upstreamStatus = head.statusCode;
     }
@@ -119,7 +121,8 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   }
 
   deps.observer?.answering(res, head.headers['content-type']);
-  const outcome = await call.pipe(head.statusCode, filterHeaderRecord(head.headers, upstreamToAgentPolicy));
+  const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), tokenNeedles(token), rec, deps.log);
+  const outcome = await call.pipe(head.statusCode, headers);
   rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;
 }

@@ -31,14 +31,90 @@ export const upstreamToAgent: ReadonlySet<string> = new Set([
 export interface HeaderPolicy {
   names: ReadonlySet<string>;
   prefixes?: readonly string[];
+  suffixes?: readonly string[];
 }
 
 export const agentToUpstreamPolicy: HeaderPolicy = { names: agentToUpstream, prefixes: ['mcp-param-'] };
 export const upstreamToAgentPolicy: HeaderPolicy = { names: upstreamToAgent };
 
+/**
+ * SaaS → CLI (docs/shims.md): what real CLIs read of an answer (gh, aws, glab, curl, git
+ * over HTTPS, vendor SDKs). Not `set-cookie` (a session the agent could keep), not
+ * `content-location` or `refresh` (URLs no CLI follows, which a SaaS may fill with the
+ * request it got), not `server`/`x-powered-by`/`via` (noise). `www-authenticate` passes:
+ * unlike an MCP client, a CLI answers a challenge only with its own placeholder, and git
+ * and docker read it to word their error.
+ */
+export const cliUpstreamToAgentPolicy: HeaderPolicy = {
+  names: new Set([
+    // the body: how to read it
+    'content-type',
+    'content-length',
+    'content-encoding',
+    'content-language',
+    'content-disposition', // curl -J, gh release download: the file name
+    'content-range', // ranged and resumed downloads (curl -C, aws s3 cp)
+    'accept-ranges',
+    'content-md5',
+    'content-digest',
+    'repr-digest',
+    'digest',
+    // caching and conditional requests (gh's and the SDKs' ETag caches)
+    'etag',
+    'last-modified',
+    'cache-control',
+    'expires',
+    'pragma', // git's smart HTTP sends it
+    'vary',
+    'age',
+    'date', // the AWS SDKs correct clock skew from it
+    // navigation
+    'link', // pagination (gh api --paginate, GitLab, Jira)
+    'location', // rewritten to the proxy when it points back into the upstream
+    'allow',
+    // throttling and lifecycle
+    'retry-after',
+    'deprecation',
+    'sunset',
+    'warning',
+    // auth diagnostics: scopes the token has or a call needs (gh auth status, 403 hints)
+    'www-authenticate',
+    'x-oauth-scopes',
+    'x-accepted-oauth-scopes',
+    'x-accepted-github-permissions',
+    'x-poll-interval',
+    // request ids for support tickets
+    'request-id',
+    'x-request-id',
+    'x-correlation-id',
+    // header-based pagination (GitLab, many REST APIs)
+    'x-total',
+    'x-total-count',
+    'x-total-pages',
+    'x-page',
+    'x-per-page',
+    'x-next-page',
+    'x-prev-page',
+  ]),
+  prefixes: [
+    'ratelimit', // the IETF RateLimit fields: ratelimit, ratelimit-policy, ratelimit-remaining…
+    'x-ratelimit',
+    'x-rate-limit',
+    'x-github-', // x-github-request-id, x-github-sso, x-github-otp, x-github-media-type
+    'x-gitlab-',
+    'x-amz-', // S3 object metadata, checksums, request ids, version ids
+    'x-amzn-', // x-amzn-errortype: how the AWS CLI names an error
+    'x-goog-',
+    'x-guploader-',
+    'x-ms-',
+  ],
+  suffixes: ['-request-id'], // x-notion-request-id, x-stripe-…, the rest of the vendors' ids
+};
+
 function allowed(name: string, policy: HeaderPolicy): boolean {
   if (policy.names.has(name)) return true;
-  return policy.prefixes?.some((p) => name.startsWith(p)) ?? false;
+  if (policy.prefixes?.some((p) => name.startsWith(p))) return true;
+  return policy.suffixes?.some((s) => name.endsWith(s)) ?? false;
 }
 
 /**
@@ -76,6 +152,14 @@ export function filterHeaderRecord(
     if (allowed(name, policy)) out[name] = value;
   }
   return out;
+}
+
+/**
+ * An upstream's response headers through an allow-list, less any header the upstream's
+ * own `Connection` names (an allowed name made hop-by-hop is the upstream's to keep).
+ */
+export function filterResponseRecord(headers: Readonly<Record<string, string | string[] | undefined>>, policy: HeaderPolicy): HeaderRecord {
+  return filterHeaderRecord(dropHeaderRecord(headers, new Set()), policy);
 }
 
 /** First value of a header from a record, for reading single-valued headers. */

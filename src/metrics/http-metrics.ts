@@ -80,6 +80,11 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
     labelNames: ['result'] as const,
     registers,
   });
+  const reflected = new Counter({
+    name: 'agent_connectors_response_headers_token_dropped_total',
+    help: 'Upstream response headers dropped because they held the token injected into the request (an upstream reflecting it).',
+    registers,
+  });
   const reloads = new Counter({
     name: 'agent_connectors_config_reloads_total',
     help: 'Loads of the hot-reloaded config file, by result (a rejected file leaves the last good one in force).',
@@ -107,6 +112,7 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
   // Zero series up front: a counter that appears only at its first event hides that event from rate().
   for (const reason of TOKEN_FAILURE_REASONS) tokenFailures.inc({ reason }, 0);
   for (const result of UNAUTHORIZED_RESULTS) unauthorized.inc({ result }, 0);
+  reflected.inc(0);
   for (const result of ['ok', 'rejected']) reloads.inc({ file: configFile, result }, 0);
   for (const route of ROUTES) streams.set({ http_route: route }, 0);
   const tools = new CappedLabel();
@@ -143,6 +149,7 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
       if (rec.tokenProblem !== undefined) tokenFailures.inc({ reason: tokenReasonLabel(rec.tokenProblem) });
       if (rec.retried === true) unauthorized.inc({ result: rec.outcome === 'token_rejected' ? 'retry_rejected' : 'retried' });
       else if (rec.outcome === 'token_rejected') unauthorized.inc({ result: 'no_renewed_token' });
+      if (typeof rec.tokenHeadersDropped === 'number') reflected.inc(rec.tokenHeadersDropped);
     },
     answering(res: ServerResponse, contentType: string | string[] | undefined): void {
       const type = Array.isArray(contentType) ? contentType[0] : contentType;

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { rewriteLocation, routeCli, upstreamUrl } from '../../src/cli-proxy/route.js';
+import { rewriteLinkHeader, rewriteLocation, routeCli, upstreamUrl } from '../../src/cli-proxy/route.js';
 
 t.test('routeCli: health, providers with raw rest and query, everything else not found', async (t) => {
   t.same(routeCli('/healthz'), { kind: 'health' });
@@ -41,4 +41,11 @@ t.test('rewriteLocation: a redirect into the upstream base goes through the prox
     t.equal(rewriteLocation(other, req, base, proxy), other, `${other}: passes unchanged`);
   }
   t.equal(rewriteLocation('http://[bad', req, base, proxy), 'http://[bad', 'unparseable: unchanged');
+});
+
+t.test('rewriteLinkHeader: every URI reference through the rewrite, parameters byte for byte', async (t) => {
+  const value = '<https://api.example.com/v1/items?page=2>; rel="next", <https://other.example/x?page=9>; rel="last"; title="a, b"';
+  const out = rewriteLinkHeader(value, (uri) => rewriteLocation(uri, new URL('https://api.example.com/v1/items'), 'https://api.example.com/v1', 'http://127.0.0.1:14324/p/api'));
+  t.equal(out, '<http://127.0.0.1:14324/p/api/items?page=2>; rel="next", <https://other.example/x?page=9>; rel="last"; title="a, b"');
+  t.equal(rewriteLinkHeader('no uri here', () => 'x'), 'no uri here');
 });

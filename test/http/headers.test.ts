@@ -1,6 +1,8 @@
 import t from 'tap';
 import {
   agentToUpstreamPolicy,
+  cliUpstreamToAgentPolicy,
+  filterResponseRecord,
   dropHeaderRecord,
   dropRawHeaders,
   filterHeaderRecord,
@@ -263,4 +265,34 @@ t.test('cli-proxy: dropHeaderRecord drops hop-by-hop, Connection-named and the d
     new Set(['set-cookie']),
   );
   t.same(out, { 'content-type': 'application/json', location: '/next' });
+});
+
+t.test('cli-proxy: filterResponseRecord keeps what CLIs read, drops the rest and what Connection names', async (t) => {
+  const kept: Record<string, string> = {
+    'content-type': 'application/json',
+    'content-length': '2',
+    'content-disposition': 'attachment; filename="a.tgz"',
+    etag: 'W/"1"',
+    'last-modified': 'Tue, 01 Jul 2025 00:00:00 GMT',
+    link: '<https://x/?page=2>; rel="next"',
+    location: '/next',
+    'retry-after': '3',
+    'www-authenticate': 'Bearer',
+    'x-ratelimit-remaining': '41',
+    'ratelimit-policy': '100;w=60',
+    'x-rate-limit-reset': '1',
+    'x-github-request-id': 'A:B',
+    'x-oauth-scopes': 'repo',
+    'x-amz-request-id': 'r',
+    'x-amzn-errortype': 'ThrottlingException',
+    'x-notion-request-id': 'n',
+    'x-total-pages': '9',
+  };
+  const dropped = ['set-cookie', 'content-location', 'refresh', 'server', 'x-powered-by', 'via', 'x-echo', 'transfer-encoding', 'keep-alive'];
+  const input: Record<string, string | string[] | undefined> = { ...kept, connection: 'keep-alive, etag', 'x-absent': undefined };
+  for (const n of dropped) input[n] = 'v';
+  const out = filterResponseRecord(input, cliUpstreamToAgentPolicy);
+  const expected: HeaderRecord = { ...kept };
+  delete expected.etag; // named by the upstream's Connection: hop-by-hop for this answer
+  t.same(out, expected);
 });
