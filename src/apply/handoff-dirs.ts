@@ -1,4 +1,4 @@
-import { stat } from 'node:fs/promises';
+import { mkdir, stat } from 'node:fs/promises';
 import type { HandoffPaths } from '../data/handoff.js';
 import { ensureOwnDir } from '../fs/own-dir.js';
 
@@ -26,5 +26,7 @@ export type HandoffDir = keyof typeof MODES;
 
 /** Creates the directory if missing and checks it is apply's (see `verifyOwnDir`); throws UnsafeDirError otherwise. */
 export async function ensureHandoffDir(paths: HandoffPaths, which: HandoffDir): Promise<void> {
+  // The root is install's (or made here on a host never installed: `bind` in a fresh state dir).
+  await mkdir(paths.root, { recursive: true, mode: 0o770 });
   await ensureOwnDir(paths[which], await handoffOwners(paths.root), MODES[which]);
 }
