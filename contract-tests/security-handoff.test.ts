@@ -89,6 +89,14 @@ async function stopsWithinGrace(tt: TapTest, apply: CliProc): Promise<void> {
   tt.notOk(exit instanceof Error, `apply exits on SIGTERM within ${STOP_GRACE_MS / 1000} s${exit instanceof Error ? ` (${exit.message})` : ''}`);
 }
 
+/** After a refusal: the next good hand-off is applied, and SIGTERM still stops apply. */
+async function keepsWorking(tt: TapTest, r: Rig): Promise<void> {
+  const good = handOff(r, 'inst-a');
+  await r.apply.waitForLog(appliedFor(good.tokenId));
+  tt.equal(readFileSync(r.tokenFile('inst-a'), 'utf8'), `${good.token}\n`, 'the next good hand-off is applied');
+  await stopsWithinGrace(tt, r.apply);
+}
+
 t.test('(a) rejected/ swapped for a symlink to the shim directory: a malformed hand-off stays put, nothing lands in PATH, good files still apply', async (t) => {
   const r = await rig(t);
   // The link renames apply's rejected/ away and plants a link to the agents' PATH directory.
@@ -142,11 +150,7 @@ t.test('(c) desired-state.json a symlink to /dev/zero, then a 100 MB file: refus
   renameSync(huge, r.desiredState);
   const second = await r.apply.waitForLog((l) => l.msg === STATE_REJECTED, 10_000, mark);
   t.equal(second.reason, 'desired-state.json is larger than 8388608 bytes', 'the oversized file is refused by its size, not read');
-
-  const good = handOff(r, 'inst-a');
-  await r.apply.waitForLog(appliedFor(good.tokenId), 10_000, mark);
-  t.pass('the inbox is still applied');
-  await stopsWithinGrace(t, r.apply);
+  await keepsWorking(t, r);
 });
 
 t.test("(d) an inbox file that is a symlink to another slot's token file is not followed", async (t) => {
@@ -174,10 +178,7 @@ t.test('(e) an inbox file that is a FIFO is moved aside at once, never waited on
   execFileSync('mkfifo', [join(r.inbox, name)]);
   const line = await r.apply.waitForLog(aboutFile(name), 10_000, mark);
   t.equal(line.reason, 'not-regular', 'refused as not a regular file');
-  const good = handOff(r, 'inst-a');
-  await r.apply.waitForLog(appliedFor(good.tokenId), 10_000, mark);
-  t.pass('the next hand-off is applied');
-  await stopsWithinGrace(t, r.apply);
+  await keepsWorking(t, r);
 });
 
 t.test('(f) an oversized inbox file is refused by its size', async (t) => {
