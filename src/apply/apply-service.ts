@@ -1,12 +1,14 @@
 import { basename } from 'node:path';
 import { checkWritableDir } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
+import { UnsafeDirError } from '../fs/own-dir.js';
 import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
 import type { StateLayout } from '../data/state-layout.js';
 import type { TokenLayout } from '../data/token-path.js';
+import { ensureHandoffDir } from './handoff-dirs.js';
 import { applyInbox, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
@@ -50,8 +52,19 @@ export function createApplyService(config: ApplyConfig): Service {
     async run({ signal, log, notifier, onReload }) {
       const { paths } = config;
       await checkWritableDir(paths.root, 'the hand-off directory');
-      await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
-      await checkWritableDir(paths.slots, 'the hand-off slot files');
+      // apply's own directories, made and checked by apply (the link may have planted a
+      // symlink in their place). One refused is logged and not used; the rest still serve.
+      for (const which of ['inbox', 'slots', 'rejected'] as const) {
+        try {
+          await ensureHandoffDir(paths, which);
+        } catch (err) {
+          if (!(err instanceof UnsafeDirError)) throw err;
+          log.error({ reason: err.message }, 'hand-off directory refused; not used until it is apply\'s own again');
+          continue;
+        }
+        if (which === 'inbox') await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
+        if (which === 'slots') await checkWritableDir(paths.slots, 'the hand-off slot files');
+      }
       for (const dir of defaultTokenDirs(config.layout)) await checkWritableDir(dir, 'the token files', { mode: 0o700 });
       // Read at first use and again only when someone else changed them: what reconcile
       // writes is kept, not read back.

@@ -1,7 +1,7 @@
-import { constants } from 'node:fs';
-import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
+import { lstat, mkdir, readdir, rename, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
@@ -14,7 +14,11 @@ import {
   type SlotFile,
 } from '../data/handoff.js';
 import { parseJsonWith } from '../data/parse.js';
+import { ensureHandoffDir } from './handoff-dirs.js';
 import { deleteFile, writeSlotFile } from './slot-admin.js';
+
+/** An inbox file is one renewal answer (a token and its metadata): far below this. */
+export const MAX_INBOX_FILE_BYTES = 64 * 1024;
 
 export interface ApplyDeps {
   paths: HandoffPaths;
@@ -59,11 +63,22 @@ async function removeIfSame(path: string, ino: number): Promise<boolean> {
   return true;
 }
 
-async function moveAside(paths: HandoffPaths, name: string, ino: number, stamp: string): Promise<void> {
+/**
+ * Moves a refused inbox entry (file, FIFO, symlink: rename moves the entry itself, never
+ * what it points at) into rejected/, which must be apply's own real directory, checked
+ * just before. Refused: the entry stays in the inbox (logged), never moved elsewhere.
+ */
+async function moveAside(deps: ApplyDeps, name: string, ino: number, stamp: string): Promise<void> {
+  const { paths } = deps;
   const from = join(paths.inbox, name);
   const st = await lstat(from).catch(() => undefined);
   if (!st || st.ino !== ino) return;
-  await mkdir(paths.rejected, { recursive: true, mode: 0o770 });
+  try {
+    await ensureHandoffDir(paths, 'rejected');
+  } catch (err) {
+    deps.log.error({ file: name, reason: (err as Error).message }, 'rejected/ refused; the inbox file stays where it is');
+    throw err;
+  }
   // The inode makes the name unique: two rejections in one millisecond must not collide.
   await rename(from, join(paths.rejected, `${name}.${stamp}.${ino}.rejected`));
 }
@@ -79,29 +94,25 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
   let ino: number;
   let text: string;
   try {
-    const fh = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW);
-    try {
-      const st = await fh.stat();
-      if (!st.isFile() || st.size > 64 * 1024) throw Object.assign(new Error('not a small regular file'), { code: 'EINVAL' });
-      ino = st.ino;
-      text = await fh.readFile('utf8');
-    } finally {
-      await fh.close();
-    }
+    // No symlink followed, no FIFO waited on, nothing read past the bound (the link is not trusted).
+    const file = await readBoundedRegularFile(path, MAX_INBOX_FILE_BYTES);
+    ino = file.stat.ino;
+    text = file.text;
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') return;
+    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
     const st = await lstat(path).catch(() => undefined);
-    if (st) await moveAside(paths, name, st.ino, stampOf(now()));
+    if (st) await moveAside(deps, name, st.ino, stampOf(now()));
     stats.rejected += 1;
-    log.error({ file: name, reason: `unreadable (${code ?? 'error'})` }, 'inbox file rejected; moved aside, not applied');
+    log.error({ file: name, reason }, 'inbox file rejected; moved aside, not applied');
     return;
   }
 
   const parsed = parseJsonWith(inboxFileSchema, text);
   const reason = !slot ? 'file name is not <slot>.json' : !parsed.ok ? parsed.error : parsed.value.slot !== slot ? 'slot does not match the file name' : undefined;
   if (reason !== undefined || !parsed.ok || !slot) {
-    await moveAside(paths, name, ino, stampOf(now()));
+    await moveAside(deps, name, ino, stampOf(now()));
     stats.rejected += 1;
     log.error({ file: name, reason }, 'inbox file rejected; moved aside, not applied');
     return;
@@ -182,7 +193,13 @@ function stampOf(ms: number): string {
  */
 export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
-  await mkdir(deps.paths.inbox, { recursive: true, mode: 0o770 });
+  try {
+    await ensureHandoffDir(deps.paths, 'inbox');
+  } catch (err) {
+    // A symlinked inbox/ would have apply read and move files outside the hand-off.
+    deps.log.error({ reason: (err as Error).message }, 'inbox/ refused; nothing applied from it');
+    return stats;
+  }
   const lock = {
     signal: deps.signal,
     onWait: (owner: number) => deps.log.info({ owner: owner || null }, 'waiting for another apply to finish'),

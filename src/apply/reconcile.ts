@@ -1,14 +1,15 @@
 import { createHash } from 'node:crypto';
-import { mkdir, readdir, readFile } from 'node:fs/promises';
+import { lstat, mkdir, readdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
-import { desiredStateVersion, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { desiredStateVersion, MAX_STATE_BYTES, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
 import { tokenPath, type TokenLayout } from '../data/token-path.js';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
@@ -146,6 +147,23 @@ async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise<void> 
   file.wrote(value, await atomicWrite(file.path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) }));
 }
 
+/**
+ * desired-state.json's text, or why it was refused unread: the link names it, so it may
+ * be a symlink (to /dev/zero), a FIFO (which wedged apply, its lock held) or huge. The
+ * refusal's key (what and which inode) lets a rescan skip one already reported.
+ */
+async function readDesiredStateText(path: string): Promise<{ text: string; unsafe?: { key: string; error: string } } | undefined> {
+  try {
+    return { text: (await readBoundedRegularFile(path, MAX_STATE_BYTES)).text };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    if (!(err instanceof UnsafeFileError)) throw err;
+    const st = await lstat(path).catch(() => undefined);
+    const error = err.reason === 'symlink' ? 'desired-state.json is a symlink' : err.reason === 'not-regular' ? 'desired-state.json is not a regular file' : `desired-state.json is larger than ${MAX_STATE_BYTES} bytes`;
+    return { text: '', unsafe: { key: `${err.reason}:${st?.ino ?? 0}:${st?.size ?? 0}:${st?.mtimeMs ?? 0}`, error } };
+  }
+}
+
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -155,17 +173,15 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     onWait: (owner: number) => log.info({ owner: owner || null }, 'waiting for another apply to finish'),
   };
   return withFileLock(join(paths.root, 'apply'), async (): Promise<ReconcileOutcome> => {
-    const text = await readFile(paths.desiredState, 'utf8').catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOENT') return undefined;
-      throw err;
-    });
-    if (text === undefined) return { kind: 'absent' };
-    const digest = createHash('sha256').update(text).digest('hex');
+    const read = await readDesiredStateText(paths.desiredState);
+    if (read === undefined) return { kind: 'absent' };
+    const { text, unsafe } = read;
+    const digest = unsafe ? `unsafe:${unsafe.key}` : createHash('sha256').update(text).digest('hex');
     if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
-    const parsed = parseDesiredState(text);
+    const parsed = unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text);
     if (!parsed.ok) {
-      const version = desiredStateVersion(text);
+      const version = unsafe ? null : desiredStateVersion(text);
       await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: parsed.error.slice(0, 1000), at: new Date(now()).toISOString() } });
       if (deps.memo) deps.memo.lastDigest = digest;
       log.error({ version, inForce: applied.version, reason: parsed.error }, 'desired state rejected; the last good one stays in force');

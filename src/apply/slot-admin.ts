@@ -1,10 +1,12 @@
-import { mkdir, unlink } from 'node:fs/promises';
+import { unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { ensureHandoffDir } from './handoff-dirs.js';
 
 export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
-  await mkdir(paths.slots, { recursive: true, mode: 0o770 });
+  // Never through a symlink the link planted in place of slots/.
+  await ensureHandoffDir(paths, 'slots');
   // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
   await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
 }

@@ -1,6 +1,6 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { readBoundedRegularFile } from '../fs/bounded-read.js';
 import { parseJsonWith } from './parse.js';
 import { rfc3339Schema } from './renew-wire.js';
 
@@ -21,6 +21,8 @@ export const appliedStateSchema = z.strictObject({
 export type AppliedState = z.infer<typeof appliedStateSchema>;
 
 export const APPLIED_STATE_FILE = 'applied-state.json';
+/** The file is a version, two dates and an error of at most 1000 characters. */
+const MAX_APPLIED_STATE_BYTES = 16 * 1024;
 
 export function appliedStatePath(handoffRoot: string): string {
   return join(handoffRoot, APPLIED_STATE_FILE);
@@ -28,7 +30,8 @@ export function appliedStatePath(handoffRoot: string): string {
 
 /** The applied state, or undefined when none was written yet or the file is unusable. */
 export async function readAppliedState(handoffRoot: string): Promise<AppliedState | undefined> {
-  const text = await readFile(appliedStatePath(handoffRoot), 'utf8').catch(() => undefined);
+  // In the hand-off root, which the link's group can write: bounded, no FIFO waited on.
+  const text = await readBoundedRegularFile(appliedStatePath(handoffRoot), MAX_APPLIED_STATE_BYTES).then((f) => f.text, () => undefined);
   if (text === undefined) return undefined;
   const parsed = parseJsonWith(appliedStateSchema, text);
   return parsed.ok ? parsed.value : undefined;

@@ -1,6 +1,7 @@
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { readBoundedRegularFile } from '../fs/bounded-read.js';
 import { DESIRED_STATE_FILE } from './desired-state.js';
 import { parseJsonWith } from './parse.js';
 import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './renew-wire.js';
@@ -66,6 +67,22 @@ export function slotOfFileName(name: string): string | undefined {
   return slotIdSchema.safeParse(slot).success ? slot : undefined;
 }
 
+/** A slot file is a few hundred bytes; anything past this is not one. */
+export const MAX_SLOT_FILE_BYTES = 16 * 1024;
+
+/**
+ * A slot file's text: never through a symlink, never waiting on a FIFO, bounded (the
+ * link, which may be hostile, can create entries in slots/). Undefined when absent.
+ */
+async function readSlotText(path: string): Promise<string | undefined> {
+  try {
+    return (await readBoundedRegularFile(path, MAX_SLOT_FILE_BYTES)).text;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}
+
 export function emptySlotFile(slot: string): SlotFile {
   return { slot, tokenId: null, expiresAt: null, generation: 0 };
 }
@@ -95,7 +112,7 @@ export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[
   }
   for (const name of names.sort()) {
     if (!slotOfFileName(name)) continue;
-    const text = await readFile(join(paths.slots, name), 'utf8').catch(() => undefined);
+    const text = await readSlotText(join(paths.slots, name)).catch(() => undefined);
     const entry = text === undefined ? undefined : slotEntry(name, text);
     if (entry === undefined) continue;
     if ('error' in entry) errors.push({ file: name, error: entry.error });
@@ -105,10 +122,7 @@ export async function readSlots(paths: HandoffPaths): Promise<{ slots: SlotFile[
 }
 
 export async function readSlotFile(paths: HandoffPaths, slot: string): Promise<SlotFile | undefined> {
-  const text = await readFile(join(paths.slots, slotFileName(slot)), 'utf8').catch((err: NodeJS.ErrnoException) => {
-    if (err.code === 'ENOENT') return undefined;
-    throw err;
-  });
+  const text = await readSlotText(join(paths.slots, slotFileName(slot)));
   if (text === undefined) return undefined;
   const parsed = parseJsonWith(slotFileSchema, text);
   return parsed.ok && parsed.value.slot === slot ? parsed.value : undefined;

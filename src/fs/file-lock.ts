@@ -1,5 +1,6 @@
-import { open, readFile, stat, unlink } from 'node:fs/promises';
+import { lstat, open, unlink } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { readBoundedRegularFile } from './bounded-read.js';
 import { processAlive } from './process-alive.js';
 
 export interface LockOptions {
@@ -32,9 +33,11 @@ export async function withFileLock<T>(path: string, fn: () => Promise<T>, option
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
-    const owner = Number((await readFile(lockPath, 'utf8').catch(() => '')).trim());
+    // Bounded and non-blocking: a FIFO or a symlink planted as the lock (the hand-off's group
+    // can create files beside it) reads as no owner, and is broken once old, never waited on.
+    const owner = Number((await readBoundedRegularFile(lockPath, 64).then((f) => f.text, () => '')).trim());
     // An empty lock is a holder killed between create and write: stale once it is old.
-    const emptyAndOld = owner === 0 && Date.now() - ((await stat(lockPath).catch(() => undefined))?.mtimeMs ?? Date.now()) > 5_000;
+    const emptyAndOld = owner === 0 && Date.now() - ((await lstat(lockPath).catch(() => undefined))?.mtimeMs ?? Date.now()) > 5_000;
     if ((Number.isInteger(owner) && owner > 0 && !processAlive(owner)) || emptyAndOld) {
       await unlink(lockPath).catch(() => undefined);
       continue;

@@ -1,0 +1,196 @@
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { checkNoLeaks, knownSecrets, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
+import { within } from '../test/support/poll.js';
+import type { TapTest } from '../test/support/tap.js';
+import { tempDir } from '../test/support/temp-dir.js';
+
+/**
+ * Issue 21, item 5: a compromised link cannot act outside the hand-off. The link owns
+ * nothing of apply's, but its group may create and rename entries of the 2770 hand-off
+ * root and of inbox/; this test plays that link against a real `renew apply --watch`:
+ * a symlinked rejected/, a FIFO, a /dev/zero link and a huge file as desired-state.json,
+ * symlinks and FIFOs in the inbox. apply must not follow, not block, not read unbounded,
+ * and keep applying what is good.
+ */
+
+const APPLIED = 'token applied';
+const STATE_REJECTED = 'desired state rejected; the last good one stays in force';
+/** systemd's TimeoutStopSec for the apply unit: a stop must finish within it. */
+const STOP_GRACE_MS = 20_000;
+
+interface Rig {
+  state: string;
+  handoff: string;
+  inbox: string;
+  rejected: string;
+  shimDir: string;
+  desiredState: string;
+  tokenFile: (instance: string) => string;
+  apply: CliProc;
+}
+
+async function rig(tt: TapTest, before: (r: Omit<Rig, 'apply'>) => void = () => undefined): Promise<Rig> {
+  const state = tempDir('ac-sec-handoff-', tt);
+  const handoff = join(state, 'handoff');
+  for (const d of ['inbox', 'slots']) mkdirSync(join(handoff, d), { recursive: true });
+  const shimDir = join(state, 'shim-out');
+  mkdirSync(shimDir);
+  const base = {
+    state,
+    handoff,
+    inbox: join(handoff, 'inbox'),
+    rejected: join(handoff, 'rejected'),
+    shimDir,
+    desiredState: join(handoff, 'desired-state.json'),
+    tokenFile: (instance: string) => join(state, 'mcp-forwarder', `${instance}.token`),
+  };
+  before(base);
+  const apply = startCli(['renew', 'apply', '--watch', '--handoff', handoff, '--state-dir', state, '--shim-dir', shimDir, '--log-level', 'trace']);
+  tt.teardown(() => apply.stop('SIGKILL'));
+  await apply.waitForLog((l) => l.msg === 'apply watching');
+  return { ...base, apply };
+}
+
+/**
+ * With a desired-state.json present the host is managed: only slots in force take tokens.
+ * The slot a later good hand-off is for, as an earlier good state left it.
+ */
+function slotInForce(b: Pick<Rig, 'handoff'>, instance: string): void {
+  const slot = `instance:${instance}`;
+  writeFileSync(join(b.handoff, 'slots', `${slot}.json`), `${JSON.stringify({ slot, tokenId: null, expiresAt: null, generation: 0 })}\n`, { mode: 0o640 });
+}
+
+const inMinutes = (m: number): string => new Date(Date.now() + m * 60_000).toISOString();
+
+/** A renewal answer for `instance:<instance>`, written as the link writes it (temp file, rename). */
+function handOff(r: Rig, instance: string): { token: string; tokenId: string } {
+  const token = `tok-sec-${instance}-${randomBytes(18).toString('base64url')}`;
+  knownSecrets.add(token);
+  const tokenId = `tid-${randomBytes(6).toString('hex')}`;
+  const slot = `instance:${instance}`;
+  const body = { slot, tokenId, token, expiresAt: inMinutes(30), credentialGeneration: 1 };
+  const tmp = join(r.inbox, `.${slot}.json.tmp`);
+  writeFileSync(tmp, `${JSON.stringify(body)}\n`, { mode: 0o640 });
+  renameSync(tmp, join(r.inbox, `${slot}.json`));
+  return { token, tokenId };
+}
+
+const appliedFor = (tokenId: string) => (l: LogLine) => l.msg === APPLIED && l.tokenId === tokenId;
+const aboutFile = (name: string) => (l: LogLine) => l.file === name;
+
+/** The process exits within the stop grace after SIGTERM (the exit event, not a sleep). */
+async function stopsWithinGrace(tt: TapTest, apply: CliProc): Promise<void> {
+  apply.child.kill('SIGTERM');
+  const exit = await within(apply.exited, STOP_GRACE_MS, 'apply to exit after SIGTERM').catch((err: Error) => err);
+  tt.notOk(exit instanceof Error, `apply exits on SIGTERM within ${STOP_GRACE_MS / 1000} s${exit instanceof Error ? ` (${exit.message})` : ''}`);
+}
+
+/** After a refusal: the next good hand-off is applied, and SIGTERM still stops apply. */
+async function keepsWorking(tt: TapTest, r: Rig): Promise<void> {
+  const good = handOff(r, 'inst-a');
+  await r.apply.waitForLog(appliedFor(good.tokenId));
+  tt.equal(readFileSync(r.tokenFile('inst-a'), 'utf8'), `${good.token}\n`, 'the next good hand-off is applied');
+  await stopsWithinGrace(tt, r.apply);
+}
+
+t.test('(a) rejected/ swapped for a symlink to the shim directory: a malformed hand-off stays put, nothing lands in PATH, good files still apply', async (t) => {
+  const r = await rig(t);
+  // The link renames apply's rejected/ away and plants a link to the agents' PATH directory.
+  if (existsSync(r.rejected)) renameSync(r.rejected, `${r.rejected}.old`);
+  symlinkSync(r.shimDir, r.rejected);
+
+  const mark = r.apply.logs.length;
+  const bad = 'instance:inst-bad.json';
+  writeFileSync(join(r.inbox, bad), '#!/bin/sh\nid > /tmp/pwned\n', { mode: 0o755 });
+  await r.apply.waitForLog(aboutFile(bad), 10_000, mark);
+  t.same(readdirSync(r.shimDir), [], 'nothing was moved into the shim directory');
+  t.ok(lstatSync(r.rejected).isSymbolicLink(), 'the planted link is left as it is (not followed, not written through)');
+  t.ok(existsSync(join(r.inbox, bad)), 'the malformed file stays in the inbox');
+  t.ok(r.apply.since(mark).some((l) => l.msg === 'rejected/ refused; the inbox file stays where it is' && l.file === bad), 'the refusal is logged');
+
+  const good = handOff(r, 'inst-a');
+  await r.apply.waitForLog(appliedFor(good.tokenId), 10_000, mark);
+  t.equal(readFileSync(r.tokenFile('inst-a'), 'utf8'), `${good.token}\n`, 'a good hand-off beside it is applied');
+  t.same(readdirSync(r.shimDir), [], 'still nothing in the shim directory');
+});
+
+t.test('(b) desired-state.json a FIFO: apply keeps applying the inbox, and SIGTERM stops it within its grace', async (t) => {
+  const r = await rig(t, (b) => {
+    execFileSync('mkfifo', [b.desiredState]);
+    slotInForce(b, 'inst-a');
+  });
+  const rejected = await r.apply.waitForLog((l) => l.msg === STATE_REJECTED);
+  t.equal(rejected.reason, 'desired-state.json is not a regular file', 'the FIFO is refused, unread');
+  const applied = JSON.parse(readFileSync(join(r.handoff, 'applied-state.json'), 'utf8')) as { rejected?: { version: unknown; error: string } };
+  t.match(applied.rejected, { version: null, error: 'desired-state.json is not a regular file' }, 'the refusal is on record for presence and doctor');
+
+  const good = handOff(r, 'inst-a');
+  await r.apply.waitForLog(appliedFor(good.tokenId));
+  t.equal(readFileSync(r.tokenFile('inst-a'), 'utf8'), `${good.token}\n`, 'the inbox is still applied');
+  await stopsWithinGrace(t, r.apply);
+});
+
+t.test('(c) desired-state.json a symlink to /dev/zero, then a 100 MB file: refused unread, apply keeps working', async (t) => {
+  const r = await rig(t, (b) => {
+    symlinkSync('/dev/zero', b.desiredState);
+    slotInForce(b, 'inst-a');
+  });
+  const first = await r.apply.waitForLog((l) => l.msg === STATE_REJECTED);
+  t.equal(first.reason, 'desired-state.json is a symlink', '/dev/zero behind a symlink is not followed');
+
+  // Replaced by a 100 MB (sparse) file, renamed in as the link writes.
+  const mark = r.apply.logs.length;
+  const huge = join(r.handoff, '.desired-state.json.tmp');
+  writeFileSync(huge, '');
+  truncateSync(huge, 100 * 1024 * 1024);
+  renameSync(huge, r.desiredState);
+  const second = await r.apply.waitForLog((l) => l.msg === STATE_REJECTED, 10_000, mark);
+  t.equal(second.reason, 'desired-state.json is larger than 8388608 bytes', 'the oversized file is refused by its size, not read');
+  await keepsWorking(t, r);
+});
+
+t.test("(d) an inbox file that is a symlink to another slot's token file is not followed", async (t) => {
+  const r = await rig(t);
+  const other = handOff(r, 'inst-b');
+  await r.apply.waitForLog(appliedFor(other.tokenId));
+
+  const mark = r.apply.logs.length;
+  const name = 'instance:inst-a.json';
+  symlinkSync(r.tokenFile('inst-b'), join(r.inbox, name));
+  const line = await r.apply.waitForLog(aboutFile(name), 10_000, mark);
+  t.equal(line.reason, 'symlink', 'refused as a symlink');
+  t.equal(readFileSync(r.tokenFile('inst-b'), 'utf8'), `${other.token}\n`, "the other slot's token file is untouched");
+  t.ok(lstatSync(r.tokenFile('inst-b')).isFile(), 'and still a regular file in place');
+  t.notOk(existsSync(r.tokenFile('inst-a')), 'nothing written for inst-a');
+  const moved = readdirSync(r.rejected);
+  t.equal(moved.length, 1, 'the link itself is moved aside');
+  t.ok(lstatSync(join(r.rejected, moved[0] ?? '')).isSymbolicLink(), 'as a link (its target never read)');
+});
+
+t.test('(e) an inbox file that is a FIFO is moved aside at once, never waited on', async (t) => {
+  const r = await rig(t);
+  const mark = r.apply.logs.length;
+  const name = 'instance:inst-fifo.json';
+  execFileSync('mkfifo', [join(r.inbox, name)]);
+  const line = await r.apply.waitForLog(aboutFile(name), 10_000, mark);
+  t.equal(line.reason, 'not-regular', 'refused as not a regular file');
+  await keepsWorking(t, r);
+});
+
+t.test('(f) an oversized inbox file is refused by its size', async (t) => {
+  const r = await rig(t);
+  const mark = r.apply.logs.length;
+  const name = 'instance:inst-big.json';
+  const tmp = join(r.inbox, `.${name}.tmp`);
+  writeFileSync(tmp, '');
+  truncateSync(tmp, 100 * 1024 * 1024);
+  renameSync(tmp, join(r.inbox, name));
+  const line = await r.apply.waitForLog(aboutFile(name), 10_000, mark);
+  t.equal(line.reason, 'too-large', 'refused by its size, unread');
+});
+
+checkNoLeaks(t);

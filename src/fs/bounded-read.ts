@@ -1,0 +1,74 @@
+import { constants, type Stats } from 'node:fs';
+import { open } from 'node:fs/promises';
+
+/**
+ * Why a file was refused without being read. `symlink`: the last component is a link
+ * (O_NOFOLLOW); `not-regular`: a FIFO, device, socket or directory; `too-large`: more
+ * than the bound (by fstat, or grown past it while read).
+ */
+export type UnsafeFileReason = 'symlink' | 'not-regular' | 'too-large';
+
+/** A file refused by `readBoundedRegularFile`. The message names the rule, never the content. */
+export class UnsafeFileError extends Error {
+  constructor(
+    readonly path: string,
+    readonly reason: UnsafeFileReason,
+    maxBytes: number,
+  ) {
+    super(
+      reason === 'symlink'
+        ? `${path} is a symlink (not followed)`
+        : reason === 'not-regular'
+          ? `${path} is not a regular file`
+          : `${path} is larger than ${maxBytes} bytes`,
+    );
+    this.name = 'UnsafeFileError';
+  }
+}
+
+export interface BoundedFile {
+  text: string;
+  /** fstat of the file read: its inode tells it from a file renamed over it later. */
+  stat: Stats;
+}
+
+/**
+ * Reads a file another, less trusted, process may have put there (the hand-off): never
+ * through a symlink, never blocking on a FIFO or a device, never more than `maxBytes`.
+ * O_NOFOLLOW makes a link fail the open (ELOOP); O_NONBLOCK makes opening a FIFO return at
+ * once instead of waiting for a writer (which held apply's lock forever); fstat on the
+ * opened descriptor, not a stat of the path, so what is checked is what is read. At most
+ * `maxBytes + 1` bytes are read: a file that grows after the fstat is still refused
+ * without being read whole. ENOENT and other open errors are thrown as they are.
+ */
+export async function readBoundedRegularFile(path: string, maxBytes: number): Promise<BoundedFile> {
+  let fh;
+  try {
+    fh = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ELOOP') throw new UnsafeFileError(path, 'symlink', maxBytes);
+    throw err;
+  }
+  try {
+    const stat = await fh.stat();
+    if (!stat.isFile()) throw new UnsafeFileError(path, 'not-regular', maxBytes);
+    if (stat.size > maxBytes) throw new UnsafeFileError(path, 'too-large', maxBytes);
+    // Sized by fstat, then read to EOF: a file that grew since is read on, up to the bound.
+    const chunks: Buffer[] = [];
+    let length = 0;
+    let chunk = Buffer.alloc(Math.min(stat.size, maxBytes) + 1);
+    for (;;) {
+      const { bytesRead } = await fh.read(chunk, 0, chunk.length, length);
+      if (bytesRead === 0) break;
+      chunks.push(chunk.subarray(0, bytesRead));
+      length += bytesRead;
+      if (length > maxBytes) throw new UnsafeFileError(path, 'too-large', maxBytes);
+      // The rest of this buffer, or a new one once it is full (never over what was kept).
+      chunk = bytesRead < chunk.length ? chunk.subarray(bytesRead) : Buffer.alloc(Math.min(64 * 1024, maxBytes + 1 - length));
+    }
+    const text = Buffer.concat(chunks, length).toString('utf8');
+    return { text, stat };
+  } finally {
+    await fh.close();
+  }
+}

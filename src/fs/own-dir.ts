@@ -1,0 +1,44 @@
+import type { Stats } from 'node:fs';
+import { lstat, mkdir } from 'node:fs/promises';
+
+/** A directory refused by `verifyOwnDir`: a symlink, not a directory, or someone else's. */
+export class UnsafeDirError extends Error {
+  constructor(
+    readonly path: string,
+    readonly reason: 'symlink' | 'not-directory' | 'owner',
+  ) {
+    super(
+      reason === 'symlink'
+        ? `${path} is a symlink (not followed)`
+        : reason === 'not-directory'
+          ? `${path} is not a directory`
+          : `${path} is not owned by a trusted user`,
+    );
+    this.name = 'UnsafeDirError';
+  }
+}
+
+/**
+ * Checks, by lstat, that `path` is a real directory (not a symlink to one) owned by one of
+ * `owners`. A directory another process can replace (the hand-off's group may rename
+ * entries of a 2770 directory) is checked before each use, not once.
+ */
+export async function verifyOwnDir(path: string, owners: ReadonlySet<number>): Promise<Stats> {
+  const st = await lstat(path);
+  if (st.isSymbolicLink()) throw new UnsafeDirError(path, 'symlink');
+  if (!st.isDirectory()) throw new UnsafeDirError(path, 'not-directory');
+  if (!owners.has(st.uid)) throw new UnsafeDirError(path, 'owner');
+  return st;
+}
+
+/**
+ * Creates `path` (the last component only: its parent is verified by the caller) unless
+ * it exists, then verifies it as `verifyOwnDir` does. mkdir never follows a symlink at
+ * the last component, so a planted link is found by the check, not written through.
+ */
+export async function ensureOwnDir(path: string, owners: ReadonlySet<number>, mode: number): Promise<Stats> {
+  await mkdir(path, { mode }).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EEXIST') throw err;
+  });
+  return verifyOwnDir(path, owners);
+}
