@@ -1,5 +1,5 @@
 import { once } from 'node:events';
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -180,11 +180,21 @@ t.test('401: credential_invalid, no retry by itself, pending kept for the same r
   t.equal(gw.minted(SLOT), 0);
   noSecretsLogged(t, e, ['wrong-credential-SECRET']);
 
+  // The 401 halted the link's one credential: nothing more goes out with it.
+  t.strictSame(await renewSlot(e.deps, emptySlotFile(SLOT), CRED), { kind: 'credential_invalid' }, 'halted: not sent');
+  t.equal(gw.requests.length, 1, 'nothing sent while halted');
+
+  // A changed credential file resumes the link (what the renewal service reads each step).
+  const credPath = join(e.root, 'host-credential');
+  writeFileSync(credPath, `${CRED}\n`, { mode: 0o600 });
+  t.equal(e.deps.credential.read().kind, 'ok', 'a changed credential resumes');
   gw.inject({ kind: 'status401' });
   t.strictSame(await renewSlot(e.deps, emptySlotFile(SLOT), CRED), { kind: 'credential_invalid' }, 'injected 401');
   t.equal(gw.requests[1]?.requestId, s?.pending?.requestId, 'same requestId');
 
-  t.equal((await renewSlot(e.deps, emptySlotFile(SLOT), CRED)).kind, 'renewed', 'a fixed credential renews');
+  // A restarted link (a new credential object, the same durable state) renews with the same requestId.
+  const restarted = { ...e.deps, credential: hostCredential(t, credPath, gw.url, e.deps.log) };
+  t.equal((await renewSlot(restarted, emptySlotFile(SLOT), CRED)).kind, 'renewed', 'a fixed credential renews');
   t.equal(gw.requests[2]?.requestId, s?.pending?.requestId, 'still the same requestId');
   t.equal(gw.minted(SLOT), 1);
 });
