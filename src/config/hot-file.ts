@@ -97,13 +97,15 @@ export class HotFile<T> {
   }
 
   /**
-   * Re-reads the path afresh (it may now resolve through a different symlink, which the
-   * watch then follows too). Serialised.
+   * Re-reads the path afresh. The watch is re-armed first, on wherever the path resolves
+   * now (a re-pointed symlink's new target directory), so a change made after the read is
+   * always seen: re-armed after the read, a write into the new directory in between was
+   * lost (busy-suite). Serialised.
    */
   reload(): Promise<void> {
     this.loading = this.loading.then(async () => {
-      await this.load();
       if (this.unwatch) await this.watch();
+      await this.load();
     });
     return this.loading;
   }
