@@ -1,6 +1,5 @@
-import type { ListenAddress } from '../http/loopback.js';
 import { parseMetricsListen } from '../metrics/metrics-service.js';
-import type { MetricsTarget, PartsConfig } from './build-parts.js';
+import type { MetricsTarget } from './build-parts.js';
 import type { OptionErrors } from './options.js';
 
 /**
@@ -23,7 +22,3 @@ export function metricsTarget(opts: Opts, errors: OptionErrors): MetricsTarget |
   return listen && { listen };
 }
 
-/** The listen addresses of the proxies a parts config runs (dev prints them). */
-export function proxyListens(config: PartsConfig): ListenAddress[] {
-  return [config.forwarder?.listen, config.cliProxy?.listen].filter((l): l is ListenAddress => l !== undefined);
-}
