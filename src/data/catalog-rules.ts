@@ -123,7 +123,7 @@ export const DENIED_ENV: ReadonlyArray<{ pattern: RegExp; why: string }> = [
     why: 'a command, option string or program the tool runs',
   },
   { pattern: /(PATH|_LIB|LIB|_HOME|HOME|_DIR|_DIRS|DIR|_FILE|_ROOT)$/, why: 'where a program finds code, configuration or files' },
-  { pattern: /(CONFIG|(^|_)CONF(_|$)|_RC$)/, why: 'where a program reads its configuration' },
+  { pattern: /(CONFIG|(^|_)CONF(_|$)|RC$)/, why: 'where a program reads its configuration' },
   // Trust and proxies belong to TLS mode, which the shim sets itself (SPEC §10).
   { pattern: /(^|_)PROXY(_|$)/, why: "proxies (the shim's own, in TLS mode)" },
   { pattern: /^(SSL|OPENSSL|CURL_CA|REQUESTS_CA)|(^|_)CA(_BUNDLE|_CERTS?|_FILE|_PATH|INFO|PATH|CERT)?$|_CA_BUNDLE$|_CA_CERTS?$|(^|_)CERTS?(_|$)|(^|_)TLS(_|$)|INSECURE|VERIFY|KEYLOG/, why: 'TLS trust and verification' },
