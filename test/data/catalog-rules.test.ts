@@ -1,12 +1,11 @@
 import { readFileSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { resolve } from 'node:path';
 import t from 'tap';
 import { parseCatalog } from '../../src/data/catalog.js';
 import { commandNameProblem, DENIED_COMMAND_GROUPS, DENIED_ENV, envNameProblem, hostToolGroup, hostToolProblem } from '../../src/data/catalog-rules.js';
 import { parseDesiredState } from '../../src/data/desired-state.js';
+import { REPO_ROOT } from '../support/cli-proc.js';
 
-const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
 t.test('command names: plain file names only', async (t) => {
   for (const name of ['ntn', 'gh', 'aws', 'stripe', 'acme-cli', 'my_tool', 'tool.v2', 'x', '1password', 'a'.repeat(64), 'git']) {
@@ -105,7 +104,7 @@ t.test('every deny pattern refuses at least one name the allow rule passes (none
 });
 
 t.test('docs/shims.md lists every denied command and every env rule', async (t) => {
-  const doc = readFileSync(resolve(REPO, 'docs/shims.md'), 'utf8');
+  const doc = readFileSync(resolve(REPO_ROOT, 'docs/shims.md'), 'utf8');
   for (const { group, names } of DENIED_COMMAND_GROUPS) {
     t.ok(doc.includes(group), `group ${group}`);
     for (const n of names) t.ok(doc.includes(`\`${n}\``), `command ${n}`);

@@ -77,7 +77,8 @@ t.test('the catalog environment goes to env(1) as quoted words on the exec line;
   const [bare] = renderShims(catalog({}), '/opt/shims', 'http://127.0.0.1:4000');
   t.match(bare?.script ?? '', /\nexec \/usr\/bin\/env -- "\$__ac_real" "\$@"\n$/, 'no environment: env with nothing to add');
   // Every shell variable of the shim carries the prefix no catalog name may have.
-  const assigned = [...(shim?.script ?? '').matchAll(/^\s*(?:for )?([A-Za-z_][A-Za-z0-9_]*)=|\bfor ([A-Za-z_][A-Za-z0-9_]*) in/gm)].map((m) => m[1] ?? m[2]);
+  const beforeExec = (shim?.script ?? '').split('\nexec ')[0] ?? '';
+  const assigned = [...beforeExec.matchAll(/^\s*(?:for )?([A-Za-z_][A-Za-z0-9_]*)=|\bfor ([A-Za-z_][A-Za-z0-9_]*) in/gm)].map((m) => m[1] ?? m[2]);
   t.ok(assigned.length > 5, 'the shim assigns its variables');
   t.same(assigned.filter((v) => v !== undefined && v !== 'IFS' && !v.startsWith('__ac_')), [], 'all of them __ac_* (IFS is restored before exec)');
 });
