@@ -5,14 +5,12 @@
  * its shims keep working, and a value full of shell syntax reaches the real command byte
  * for byte. The operator's own providers.json is held to the same rules by `shims install`.
  */
-import { chmodSync, copyFileSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, chownSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, chownSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { ensureAgentUser, runAsAgent, type AgentUser } from '../test/support/agent-user.js';
+import { asRootWithAgent, runAsAgent, type AgentUser } from '../test/support/agent-user.js';
 import { REPO_ROOT, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
 import type { TapTest } from '../test/support/tap.js';
-import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
 
 const FIXTURE = join(REPO_ROOT, 'contract-tests/fixtures/fake-cli.sh');
 const APPLIED = 'desired state applied';
@@ -20,19 +18,9 @@ const REJECTED = 'desired state rejected; the last good one stays in force';
 /** `$(id)`, backticks, both quotes and a backslash: what a shell would evaluate or eat. */
 const TRICKY = `a'b "c" $(id) \`id\` \\d \${HOME} $$ $& end`;
 
-if (process.getuid?.() !== 0) {
-  const why = 'needs root: creates an agent user and switches to it with setpriv';
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await asRootWithAgent(t, 'ac-sec-catalog-', main);
 
-async function main(): Promise<void> {
-  const agent: AgentUser = ensureAgentUser();
-  const base = tempDir('ac-sec-catalog-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+async function main(agent: AgentUser, base: string): Promise<void> {
   const state = join(base, 'state');
   const handoff = join(state, 'handoff');
   mkdirSync(join(handoff, 'slots'), { recursive: true });

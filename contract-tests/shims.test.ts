@@ -4,15 +4,13 @@
  * against the built cli-proxy. The agent user (`ac-agent-test`) is created on first use
  * and left in place afterwards (see test/support/agent-user.ts for why).
  */
-import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, statSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { ensureAgentUser, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from '../test/support/agent-user.js';
+import { asRootWithAgent, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from '../test/support/agent-user.js';
 import { checkNoLeaks, leakedSecrets, REPO_ROOT, startCli, writeToken, type CliProc } from '../test/support/cli-proc.js';
 import { json, MockGateway } from '../test/support/mock-gateway.js';
 import { startProxy } from '../test/support/proxy-rig.js';
-import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
 
 const FIXTURE = join(REPO_ROOT, 'contract-tests/fixtures/fake-cli.sh');
 const FX_TOKEN = `tok-shims-fx-REAL-${process.pid}-7b1d9e`;
@@ -28,22 +26,10 @@ async function exitOf(proc: CliProc): Promise<number | null> {
   return (await proc.exited).code;
 }
 
-if (process.getuid?.() !== 0) {
-  const why = 'needs root: creates an agent user and switches to it with setpriv';
-  // Under AGENT_CONNECTORS_REQUIRE_ALL_TESTS=1 that is a failure, not a skipped file.
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await asRootWithAgent(t, 'ac-shims-', main);
 
-async function main(): Promise<void> {
-  const agent: AgentUser = ensureAgentUser();
-
-  // Layout: one 0755 root-owned base the agent may traverse; the state dir inside is 0700.
-  const base = tempDir('ac-shims-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+async function main(agent: AgentUser, base: string): Promise<void> {
+  // Layout: one 0755 root-owned base the agent may traverse (asRootWithAgent); the state dir inside is 0700.
   const state = join(base, 'state');
   mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
   chmodSync(state, 0o700);
