@@ -4,15 +4,13 @@
  * against the built cli-proxy. The agent user (`ac-agent-test`) is created on first use
  * and left in place afterwards (see test/support/agent-user.ts for why).
  */
-import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { copyFileSync, chmodSync, chownSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, statSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { ensureAgentUser, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from '../test/support/agent-user.js';
+import { asRootWithAgent, killGroup, runAsAgent, snapshotProcsOf, spawnAsAgent, type AgentRunResult, type AgentUser, type ProcSnapshot } from '../test/support/agent-user.js';
 import { checkNoLeaks, leakedSecrets, REPO_ROOT, startCli, writeToken, type CliProc } from '../test/support/cli-proc.js';
 import { json, MockGateway } from '../test/support/mock-gateway.js';
 import { startProxy } from '../test/support/proxy-rig.js';
-import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
 
 const FIXTURE = join(REPO_ROOT, 'contract-tests/fixtures/fake-cli.sh');
 const FX_TOKEN = `tok-shims-fx-REAL-${process.pid}-7b1d9e`;
@@ -28,22 +26,10 @@ async function exitOf(proc: CliProc): Promise<number | null> {
   return (await proc.exited).code;
 }
 
-if (process.getuid?.() !== 0) {
-  const why = 'needs root: creates an agent user and switches to it with setpriv';
-  // Under AGENT_CONNECTORS_REQUIRE_ALL_TESTS=1 that is a failure, not a skipped file.
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await asRootWithAgent(t, 'ac-shims-', main);
 
-async function main(): Promise<void> {
-  const agent: AgentUser = ensureAgentUser();
-
-  // Layout: one 0755 root-owned base the agent may traverse; the state dir inside is 0700.
-  const base = tempDir('ac-shims-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+async function main(agent: AgentUser, base: string): Promise<void> {
+  // Layout: one 0755 root-owned base the agent may traverse (asRootWithAgent); the state dir inside is 0700.
   const state = join(base, 'state');
   mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
   chmodSync(state, 0o700);
@@ -132,15 +118,9 @@ async function main(): Promise<void> {
       tokenFile: npmTokenFile,
       inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' },
       commands: [
-        {
-          name: 'npm',
-          env: {
-            npm_config_registry: '{baseUrl}/',
-            npm_config_userconfig: npmrc,
-            NPM_TOKEN: '{placeholder}',
-            npm_config_update_notifier: 'false',
-          },
-        },
+        // npm is a host tool: the operator allows it (below). npm's own settings are
+        // lower-case variables, which a catalog may not set: the agent's environment has them.
+        { name: 'npm', env: { NPM_TOKEN: '{placeholder}' } },
       ],
     },
   };
@@ -152,8 +132,12 @@ async function main(): Promise<void> {
   writeFileSync(npmrc, `//127.0.0.1:${proxyPort}/p/npmreg/:_authToken=\${NPM_TOKEN}\n`, { mode: 0o644 });
   chmodSync(npmrc, 0o644);
 
+  // The operator's allow file: root's, 0644, naming the one host tool this lab shims.
+  const allowedCommands = join(base, 'allowed-commands');
+  writeFileSync(allowedCommands, '# the lab registry\nnpm\n', { mode: 0o644 });
+  chmodSync(allowedCommands, 0o644);
   for (const dir of [shimDir, shimDir2]) {
-    const install = startCli(['shims', 'install', '--dir', dir, '--proxy-url', proxyUrl, '--state-dir', state]);
+    const install = startCli(['shims', 'install', '--dir', dir, '--proxy-url', proxyUrl, '--state-dir', state, '--allowed-commands', allowedCommands]);
     const code = await exitOf(install);
     if (code !== 0) throw new Error(`shims install exited ${code}: ${install.lines.join('\n')}`);
   }
@@ -372,7 +356,7 @@ async function main(): Promise<void> {
 
   t.test('catalog env values are exported literally (single-quoted, never executed)', async (t) => {
     const shim = readFileSync(join(shimDir, 'fxquote'), 'utf8');
-    t.match(shim, /^FX_TRICKY='/m, 'rendered single-quoted');
+    t.match(shim, /^ {2}FX_TRICKY='/m, 'rendered single-quoted, as a word for env');
     const r = await runAsAgent(agent, 'fxquote', { env: std({ FX_PRINT_VARS: 'FX_TRICKY' }), cwd: home });
     t.equal(r.code, 0);
     t.equal(body(r), `argc=0\nFX_TRICKY=[${tricky}]\n`, "quotes, $(id), backticks and ${HOME} arrive verbatim");
@@ -401,7 +385,7 @@ async function main(): Promise<void> {
     return p;
   };
 
-  t.test('shims install writes 0755 shims and removes stale ones, never foreign files', async (t) => {
+  t.test('shims install writes 0755 shims and removes stale ones and dot files, never other foreign files', async (t) => {
     const dir = join(base, 'install', 'shims');
     mkdirSync(dir, { recursive: true, mode: 0o755 });
     chmodSync(join(base, 'install'), 0o755);
@@ -423,7 +407,7 @@ async function main(): Promise<void> {
     mkdirSync(join(dir, 'subdir'), { mode: 0o750 });
     writeFileSync(join(dir, 'subdir', 'inner'), 'inner\n', { mode: 0o644 });
     symlinkSync('/etc/hostname', join(dir, 'outside-link'));
-    const foreign = ['foreign-tool', 'notes.txt', '.hidden', 'subdir', 'subdir/inner', 'outside-link'];
+    const foreign = ['foreign-tool', 'notes.txt', 'subdir', 'subdir/inner', 'outside-link'];
     const fingerprint = (rel: string): string => {
       const p = join(dir, rel);
       const st = lstatSync(p);
@@ -440,6 +424,7 @@ async function main(): Promise<void> {
     const out = second.lines.join('\n');
     t.match(out, 'beta', 'output names the removed shims');
     t.match(out, 'gamma');
+    t.notOk(existsSync(join(dir, '.hidden')), 'a dot file is removed (no command is a dot name; `. name` would source it)');
     t.equal(statSync(join(dir, 'alpha')).mode & 0o7777, 0o755, 'alpha rewritten with 0755');
     for (const f of foreign) t.equal(fingerprint(f), before[f], `foreign ${f} untouched`);
     t.same(
@@ -485,6 +470,9 @@ async function main(): Promise<void> {
     const before = registry.requests.length;
     const r = await runAsAgent(agent, 'npm view "$1" version --no-update-notifier', {
       env: env([shimDir, ...SYS], {
+        npm_config_registry: `${proxyUrl}/p/npmreg/`,
+        npm_config_userconfig: npmrc,
+        npm_config_update_notifier: 'false',
         npm_config_cache: join(home, '.npm-cache'),
         npm_config_audit: 'false',
         npm_config_fund: 'false',

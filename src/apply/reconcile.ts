@@ -3,6 +3,7 @@ import { lstat, mkdir, readdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
+import { hostToolProblem } from '../data/catalog-rules.js';
 import { desiredStateVersion, MAX_STATE_BYTES, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
@@ -99,6 +100,11 @@ export interface ReconcileDeps {
   local: LocalConfigFiles;
   /** Re-renders the shims for the catalog now in force (the CLI wires shims/ in). */
   renderShims?: (catalog: Catalog) => Promise<void>;
+  /**
+   * The host tools the operator allows a catalog to shim (their allowed-commands file).
+   * Without it, none: a state naming one is rejected whole.
+   */
+  allowedCommands?: () => Promise<ReadonlySet<string>>;
   log: Logger;
   now?: () => number;
   signal?: AbortSignal;
@@ -164,6 +170,20 @@ async function readDesiredStateText(path: string): Promise<{ text: string; unsaf
   }
 }
 
+/**
+ * The operator's allowed host tools; an allow file apply cannot use (not root's alone,
+ * a bad line) allows nothing, and says so.
+ */
+async function allowedCommandsOf(deps: ReconcileDeps): Promise<ReadonlySet<string>> {
+  if (!deps.allowedCommands) return new Set();
+  try {
+    return await deps.allowedCommands();
+  } catch (err) {
+    deps.log.error({ reason: (err as Error).message }, 'allowed-commands file refused; no host tool may be shimmed');
+    return new Set();
+  }
+}
+
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -180,12 +200,16 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
     const parsed = unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text);
-    if (!parsed.ok) {
+    // The schema holds the rules every reader holds; the host-tool rule needs the
+    // operator's allow file, read here, each time (it is small and rarely changes).
+    const error = parsed.ok ? hostToolProblem(parsed.value.providers, await allowedCommandsOf(deps)) : parsed.error;
+    if (!parsed.ok || error !== undefined) {
       const version = unsafe ? null : desiredStateVersion(text);
-      await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: parsed.error.slice(0, 1000), at: new Date(now()).toISOString() } });
+      const reason = error ?? 'invalid';
+      await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: reason.slice(0, 1000), at: new Date(now()).toISOString() } });
       if (deps.memo) deps.memo.lastDigest = digest;
-      log.error({ version, inForce: applied.version, reason: parsed.error }, 'desired state rejected; the last good one stays in force');
-      return { kind: 'rejected', version, error: parsed.error };
+      log.error({ version, inForce: applied.version, reason }, 'desired state rejected; the last good one stays in force');
+      return { kind: 'rejected', version, error: reason };
     }
     const desired = parsed.value;
     // The same version may be in force only half applied after a crash: applied-state is

@@ -1,6 +1,8 @@
 import { resolve } from 'node:path';
 import { Option, type Command } from 'commander';
+import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
 import { readCatalog } from '../data/catalog.js';
+import { hostToolProblem } from '../data/catalog-rules.js';
 import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { parseListen } from '../http/loopback.js';
@@ -43,9 +45,13 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--state-dir <dir>', 'state root')
     .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
     .option('--handoff <dir>', 'renewal hand-off directory, for the providers\' cli:<provider> slots (default: <state>/handoff)')
+    .option('--allowed-commands <file>', `host tools the operator lets the catalog shim, one per line (default: ${ALLOWED_COMMANDS_FILE})`)
     .action(async (opts: Record<string, string | undefined>) => {
       const layout = layoutFrom(opts);
       const catalog = await readCatalog(layout.providers);
+      // The operator's own catalog is held to the Gateway's rules: a host tool only if allowed.
+      const hostTool = hostToolProblem(catalog, await readAllowedCommands(opts.allowedCommands ?? ALLOWED_COMMANDS_FILE));
+      if (hostTool !== undefined) throw new ConfigError(`${layout.providers} is refused (${hostTool}); no shim was written`);
       const proxyUrl = opts.proxyUrl ?? `http://${DEFAULT_CLI_PROXY_LISTEN}`;
       let parsedProxy: URL;
       try {

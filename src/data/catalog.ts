@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { COMMAND_NAME, COMMAND_NAME_RULE, envNameProblem, LINE_BREAK_OR_NUL, NO_LINE_BREAK_RULE } from './catalog-rules.js';
 import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
 import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
 
@@ -10,13 +11,14 @@ import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
 /** `.` and `..` match the alphabet but name no file and no route segment: refused. */
 export const PROVIDER_NAME = /^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,64}$/;
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$/;
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
-const COMMAND_NAME = /^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,64}$/;
 
 /** Headers that are never an injection target: they belong to the connection, not the API. */
 const RESERVED_HEADERS = new Set(['host', 'connection', 'content-length', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'keep-alive']);
 
-const tokenTemplate = z.string().max(256).refine((v) => v.includes('{token}'), 'must contain {token}');
+/** A value that reaches a header, a URL or a shim line: one line, no NUL (catalog-rules.ts). */
+const oneLine = (max: number) => z.string().max(max).refine((v) => !LINE_BREAK_OR_NUL.test(v), NO_LINE_BREAK_RULE);
+
+const tokenTemplate = oneLine(256).refine((v) => v.includes('{token}'), 'must contain {token}');
 
 export const injectSchema = z.discriminatedUnion('type', [
   z.strictObject({
@@ -29,15 +31,26 @@ export const injectSchema = z.discriminatedUnion('type', [
   }),
   z.strictObject({ type: z.literal('query'), name: z.string().min(1).max(64).regex(/^[A-Za-z0-9_.~-]+$/, 'not a plain query parameter name') }),
   /** HTTP Basic: `username:password`, either of which may be the {token} template. */
-  z.strictObject({ type: z.literal('basic'), username: z.string().max(256).default(''), password: z.string().max(256).default('{token}') }).refine(
+  z.strictObject({ type: z.literal('basic'), username: oneLine(256).default(''), password: oneLine(256).default('{token}') }).refine(
     (b) => b.username.includes('{token}') || b.password.includes('{token}'),
     'basic injection needs {token} in username or password',
   ),
 ]);
 
+/** The allow rule and its deny list (catalog-rules.ts); the message names the rule, and the name only once it is known to be plain. */
+const envNameSchema = z.string().superRefine((name, ctx) => {
+  const problem = envNameProblem(name);
+  if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });
+});
+
+/**
+ * The name's syntax is checked here, by every reader; whether it names one of the host's
+ * own tools needs the operator's allow file, so apply and `shims install` check that
+ * (`hostToolProblem`).
+ */
 export const commandSchema = z.strictObject({
-  name: z.string().regex(COMMAND_NAME, 'command name must match [A-Za-z0-9._+-]{1,64} and not be . or ..'),
-  env: z.record(z.string().regex(ENV_NAME, 'not a valid environment variable name'), z.string().max(4096)).default({}),
+  name: z.string().regex(COMMAND_NAME, COMMAND_NAME_RULE),
+  env: z.record(envNameSchema, oneLine(4096)).default({}),
 });
 
 export const providerSchema = z.strictObject({
@@ -56,7 +69,8 @@ export type Provider = z.infer<typeof providerSchema>;
 export type Catalog = z.infer<typeof catalogSchema>;
 
 export function parseCatalog(text: string): ParseResult<Catalog> {
-  const parsed = parseJsonWith(catalogSchema, text);
+  // Provider names are no secret (they are in every /p/<provider>/ URL): shown whole.
+  const parsed = parseJsonWith(catalogSchema, text, []);
   if (!parsed.ok) return parsed;
   const dup = duplicateCommand(parsed.value);
   if (dup !== undefined) return { ok: false, error: `schema: command "${dup}" is declared by two providers` };

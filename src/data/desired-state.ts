@@ -76,8 +76,11 @@ export type DesiredBinding = z.infer<typeof desiredBindingSchema>;
 export type DesiredProvider = z.infer<typeof desiredProviderSchema>;
 export type DesiredState = z.infer<typeof desiredStateSchema>;
 
-/** Issues under `bindings.<id>` / `providers.<name>` show the key only by its prefix. */
-const KEY_DEPTHS = [1] as const;
+/**
+ * Issues under `bindings.<id>` show the id only by its prefix (a binding id is a
+ * capability); a provider's name is no secret, and a rejection must say which provider.
+ */
+const KEY_DEPTHS = (path: readonly PropertyKey[], idx: number): boolean => idx === 1 && path[0] === 'bindings';
 
 /** JSON text (a Gateway answer or the hand-off file) → a whole, valid state, or why not. */
 export function parseDesiredState(text: string): ParseResult<DesiredState> {

@@ -42,16 +42,22 @@ function issueMessage(issue: z.core.$ZodIssue): string {
   }
 }
 
+/** The path positions that hold capability keys: a list, or a test of the issue's path (what the record is). */
+export type KeyDepths = readonly number[] | ((path: readonly PropertyKey[], idx: number) => boolean);
+
 /**
  * Formats zod issues without echoing values (a value could be a secret pasted by mistake).
  * `keyDepths`: the path positions that hold record keys (binding ids are capabilities), shown
  * only as a prefix; position 0 for the registry and catalog, 1 for the desired state.
  */
-export function describeIssues(error: z.ZodError, keyDepths: readonly number[] = [0]): string {
+export function describeIssues(error: z.ZodError, keyDepths: KeyDepths = [0]): string {
+  const hidden = typeof keyDepths === 'function' ? keyDepths : (path: readonly PropertyKey[], idx: number) => keyDepths.includes(idx);
   return error.issues
     .slice(0, 5)
     .map((i) => {
-      const path = i.path.map((p, idx) => (keyDepths.includes(idx) && typeof p === 'string' ? keyPrefix(p) : String(p))).join('.');
+      // A key that failed its own rule is the file's text, whatever the record: a prefix only.
+      const badKey = (idx: number): boolean => i.code === 'invalid_key' && idx === i.path.length - 1;
+      const path = i.path.map((p, idx) => ((hidden(i.path, idx) || badKey(idx)) && typeof p === 'string' ? keyPrefix(p) : String(p))).join('.');
       return `${path || '(root)'}: ${issueMessage(i)}`;
     })
     .join('; ');
@@ -61,7 +67,7 @@ export function describeIssues(error: z.ZodError, keyDepths: readonly number[] =
  * JSON text → a zod-checked value, or an error that never quotes the text (V8's JSON
  * messages and zod's default messages can both echo what they read).
  */
-export function parseJsonWith<T>(schema: z.ZodType<T>, text: string, keyDepths?: readonly number[]): ParseResult<T> {
+export function parseJsonWith<T>(schema: z.ZodType<T>, text: string, keyDepths?: KeyDepths): ParseResult<T> {
   let json: unknown;
   try {
     json = JSON.parse(text);

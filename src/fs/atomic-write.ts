@@ -141,6 +141,11 @@ function tempPathFor(dir: string, target: string): string {
 /** `tempPathFor`'s names, for the sweep. */
 const TEMP_NAME = /^\.(.+)\.(\d+)\.[0-9a-f]{12}\.tmp$/;
 
+/** Whether `name` is one of `atomicWrite`'s temp names (left to `sweepStaleTemps`, which knows whose). */
+export function isTempName(name: string): boolean {
+  return TEMP_NAME.test(name);
+}
+
 /**
  * Removes the temp files killed writers left in `dir` (never renamed into place, possibly
  * holding part of a secret), only those whose writer is gone: a live writer's temp is

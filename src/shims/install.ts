@@ -1,11 +1,11 @@
 import { PACKAGE_PARTS } from '../data/package-parts.js';
-import { chmod, lstat, mkdir, readdir, readFile, unlink } from 'node:fs/promises';
-import { statSync } from 'node:fs';
+import { chmod, lstat, mkdir, open, readdir, unlink } from 'node:fs/promises';
+import { constants, statSync } from 'node:fs';
 import { isAbsolute, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Catalog } from '../data/catalog.js';
 import { ConfigError } from '../errors.js';
-import { atomicWrite } from '../fs/atomic-write.js';
+import { atomicWrite, isTempName, sweepStaleTemps } from '../fs/atomic-write.js';
 import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { renderShims, SHIM_MARKER } from './render.js';
 
@@ -15,9 +15,15 @@ export interface InstallResult {
 }
 
 /**
- * Writes one executable (0755) per catalog command into `dir`, atomically, and removes
- * shims of ours that the catalog no longer names. Files that are not our shims are never
- * touched.
+ * Writes one executable (0755) per catalog command into `dir`, atomically, and sweeps
+ * what no longer belongs there. The shim directory is agent-connectors' own (docs/shims.md):
+ *   - a shim of ours the catalog no longer names is removed, whatever its name (an older
+ *     release rendered dot names such as `.profile`, which `. .profile` sources from PATH);
+ *   - every other dot entry that is not a directory is removed too: no command is a dot
+ *     name, so none is ours to keep, and any of them could be sourced;
+ *   - anything else (an operator's own file, a symlink alias, a directory) is left: a
+ *     `--dir` set by mistake to /usr/local/bin must not lose its contents.
+ * Our own temp files are left to `sweepStaleTemps`, which removes only a dead writer's.
  */
 export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
   refuseInsidePackage(dir);
@@ -30,20 +36,35 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
     await atomicWrite(join(dir, shim.name), shim.script, { mode: 0o755 });
     written.push(shim.name);
   }
+  await sweepStaleTemps(dir);
   const removed: string[] = [];
   for (const name of await readdir(dir)) {
-    if (wanted.has(name) || name.startsWith('.')) continue;
-    // Only regular files: an operator's symlink to a shim is theirs, and a FIFO would block.
-    if (!(await lstat(join(dir, name)).catch(() => undefined))?.isFile()) continue;
-    const head = await readFile(join(dir, name), 'utf8').then((t) => t.slice(0, 200)).catch(() => '');
-    // Ours only if the marker names this very file: the prototype (and any copy of it)
-    // carries the marker too, with a placeholder for the name.
-    if (head.includes(`${SHIM_MARKER} ${name} (provider `)) {
+    if (wanted.has(name) || isTempName(name)) continue;
+    const st = await lstat(join(dir, name)).catch(() => undefined);
+    if (st === undefined || st.isDirectory()) continue;
+    if (name.startsWith('.') || (st.isFile() && (await isOurShim(join(dir, name), name)))) {
       await unlink(join(dir, name));
       removed.push(name);
     }
   }
   return { written, removed };
+}
+
+/**
+ * Ours only if the marker names this very file: the prototype (and any copy of it)
+ * carries the marker too, with a placeholder for the name. Only regular files are read
+ * (the caller checks): a FIFO would block.
+ */
+async function isOurShim(path: string, name: string): Promise<boolean> {
+  const head = Buffer.alloc(200);
+  const fh = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => undefined);
+  if (fh === undefined) return false;
+  try {
+    const { bytesRead } = await fh.read(head, 0, head.length, 0);
+    return head.subarray(0, bytesRead).toString('utf8').includes(`${SHIM_MARKER} ${name} (provider `);
+  } finally {
+    await fh.close();
+  }
 }
 
 /** The installed package (dist/shims/install.js → the package root). */

@@ -2,7 +2,8 @@ import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { handoffPaths } from '../data/handoff.js';
 import { SYSTEM_SHIM_DIR, stateLayout, type StateLayout } from '../data/state-layout.js';
-import type { PartsConfig } from './build-parts.js';
+import { ALLOWED_COMMANDS_FILE } from '../data/allowed-commands.js';
+import type { PartsConfig, ShimTarget } from './build-parts.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './defaults.js';
 import { addMetricsFlag } from './metrics-flag.js';
 import { layoutFrom, logLevelOption, loopbackHttpUrl, OptionErrors } from './options.js';
@@ -17,12 +18,13 @@ export function addApplyFlags(cmd: Command): Command {
     .option('--providers <file>', 'cli-proxy catalog (default: <state>/cli-proxy/providers.json)')
     .option('--shim-dir <dir>', `where the desired state's shims are rendered (default: ${SYSTEM_SHIM_DIR} as root, else <state>/shims)`)
     .option('--proxy-url <url>', 'cli-proxy base URL baked into those shims', `http://${DEFAULT_CLI_PROXY_LISTEN}`)
+    .option('--allowed-commands <file>', `host tools the operator lets a catalog shim, one per line (default: ${ALLOWED_COMMANDS_FILE})`)
     .option('--watch', 'keep running and apply as files arrive (hosts without systemd)')
     .addOption(logLevelOption());
 }
 
 /** Apply's config for a layout: watching, shims in `shimDir` pointing at `proxyUrl`. */
-export function applyConfig(layout: StateLayout, shims: { dir: string; proxyUrl: string }, watch = true): NonNullable<PartsConfig['apply']> {
+export function applyConfig(layout: StateLayout, shims: ShimTarget, watch = true): NonNullable<PartsConfig['apply']> {
   return { watch, rescanMs: 30_000, paths: handoffPaths(layout.handoff), layout, shims };
 }
 
@@ -34,7 +36,8 @@ export function applyPartsFrom(opts: Opts): PartsConfig {
   if (metrics && !opts.watch) errors.add('--metrics-listen needs --watch: a one-shot apply exits before anything could scrape it');
   errors.done();
   const shimDir = resolve(str(opts.shimDir) ?? defaultShimDir(layout.root));
-  return { apply: applyConfig(layout, { dir: shimDir, proxyUrl: new URL(proxyUrl).origin }, Boolean(opts.watch)), metrics };
+  const shims: ShimTarget = { dir: shimDir, proxyUrl: new URL(proxyUrl).origin, allowedCommandsFile: str(opts.allowedCommands) };
+  return { apply: applyConfig(layout, shims, Boolean(opts.watch)), metrics };
 }
 
 

@@ -16,12 +16,15 @@ import { createApplyMetrics, createRenewalMetrics } from '../metrics/renewal-met
 import { createNotifier, type Notifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { installShims } from '../shims/install.js';
+import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
 import { benchToggle } from './metrics-flag.js';
 
 /** Where apply renders the desired state's shims, and the cli-proxy URL baked into them. */
 export interface ShimTarget {
   dir: string;
   proxyUrl: string;
+  /** The operator's allowed host tools (default /etc/agent-connectors/allowed-commands). */
+  allowedCommandsFile?: string | undefined;
 }
 
 /**
@@ -125,6 +128,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
       createApplyService({
         ...apply,
         reconcile: shims && {
+          allowedCommands: () => readAllowedCommands(shims.allowedCommandsFile ?? ALLOWED_COMMANDS_FILE),
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
             const r = await installShims(catalog, shims.dir, proxyUrl);

@@ -129,6 +129,35 @@ t.test('reconcile: an invalid state is rejected whole, the last good one kept, t
   t.equal(readFileSync(l.instances, 'utf8'), good);
 });
 
+t.test("reconcile: a state naming a host tool is rejected whole, unless the operator allows it; a refused allow file allows nothing", async (t) => {
+  const { deps, root, rendered, write, records } = setup(t);
+  const l = stateLayout(root);
+  write(state(1, {}, ['gh']));
+  await reconcileDesiredState(deps);
+  const goodCatalog = readFileSync(l.providers, 'utf8');
+  const hostile = state(2, {}, ['gh', 'evil']);
+  (hostile.providers.evil as { commands: Array<{ name: string; env: Record<string, string> }> }).commands = [{ name: 'ls', env: {} }];
+  write(hostile);
+  const r = await reconcileDesiredState(deps);
+  t.match(r, { kind: 'rejected', version: 2, error: 'providers.evil.commands.0.name: command "ls" is one of the host\'s own tools (coreutils); only the operator may allow it, in the allowed-commands file' });
+  t.equal(readFileSync(l.providers, 'utf8'), goodCatalog, 'the catalog in force is untouched');
+  t.equal(rendered.length, 1, 'no shim rendered for it');
+  t.match(await readAppliedState(l.handoff), { version: 1, rejected: { version: 2, error: /command "ls"/ } });
+
+  // The operator's file refused (not root's alone, say) allows nothing, and says so.
+  deps.allowedCommands = async () => {
+    throw new Error('/etc/agent-connectors/allowed-commands must be owned by root');
+  };
+  write({ ...hostile, version: 3 });
+  t.match(await reconcileDesiredState(deps), { kind: 'rejected', version: 3 });
+  t.ok(records.some((rec) => rec.msg === 'allowed-commands file refused; no host tool may be shimmed'), 'the refusal is logged');
+
+  deps.allowedCommands = async () => new Set(['ls']);
+  write({ ...hostile, version: 4 });
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 4 }, 'allowed by the operator: applied');
+  t.same(rendered.at(-1)?.evil?.commands.map((c) => c.name), ['ls']);
+});
+
 t.test('reconcile keeps what it wrote: token targets and the next version come from memory, not a read-back', async (t) => {
   const { deps, root, write } = setup(t);
   const l = stateLayout(root);

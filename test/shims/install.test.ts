@@ -1,4 +1,4 @@
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
@@ -80,4 +80,22 @@ t.test("installShims writes into a checkout's own state directory (what dev does
   const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
   t.same(r.written, ['acme']);
   t.equal(statSync(join(dir, 'acme')).mode & 0o777, 0o755);
+});
+
+t.test('the sweep removes a dot-named shim an older release rendered, and every other dot entry but directories', async (t) => {
+  const dir = tempDir('ac-shims-', t);
+  await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  // What an older release wrote for a catalog command named `.profile`.
+  const old = readFileSync(join(dir, 'acme'), 'utf8').replace('agent-connectors-shim: acme (provider', 'agent-connectors-shim: .profile (provider');
+  writeFileSync(join(dir, '.profile'), old, { mode: 0o755 });
+  writeFileSync(join(dir, '.bashrc'), 'id\n', { mode: 0o644 });
+  symlinkSync('/etc/hostname', join(dir, '.link'));
+  mkdirSync(join(dir, '.keepdir'));
+  // A live writer's temp file (ours: this pid) is not swept from under it.
+  const temp = `.acme.${process.pid}.0123456789ab.tmp`;
+  writeFileSync(join(dir, temp), '');
+  writeFileSync(join(dir, 'operator-tool'), '#!/bin/sh\necho mine\n', { mode: 0o755 });
+  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  t.same(r.removed.sort(), ['.bashrc', '.link', '.profile']);
+  t.same(readdirSync(dir).sort(), ['.keepdir', temp, 'acme', 'operator-tool'].sort(), 'a directory, a live temp file and a foreign non-dot file stay');
 });

@@ -39,14 +39,14 @@ t.test('one shim per command, marked as ours on line 2, naming command and provi
   t.equal(lines[0], '#!/bin/sh');
   t.ok(lines[1]?.startsWith(`${SHIM_MARKER} fx (provider demo)`), 'the install marker is on line 2');
   t.notMatch(shims[0]?.script ?? '', /@[A-Z_]+@/, 'no template placeholder left');
-  t.match(shims[0]?.script ?? '', "shim_dir='/opt/shims'");
+  t.match(shims[0]?.script ?? '', "__ac_shim_dir='/opt/shims'");
 });
 
 t.test('{baseUrl} and {placeholder} are filled; nothing of the token file or injection is written', async (t) => {
   const [shim] = renderShims(catalog({ BASE: '{baseUrl}/x', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000///');
   const script = shim?.script ?? '';
-  t.match(script, "BASE='http://127.0.0.1:4000/p/demo/x'\nexport BASE");
-  t.match(script, `TOKEN='${PLACEHOLDER}'\nexport TOKEN`);
+  t.match(script, "\n  BASE='http://127.0.0.1:4000/p/demo/x' \\\n");
+  t.match(script, `\n  TOKEN='${PLACEHOLDER}' \\\n`);
   t.notMatch(script, 'demo.token');
   t.notMatch(script, 'Bearer');
 });
@@ -67,4 +67,24 @@ t.test('a rendered shim runs the real command with the values verbatim (sh runs 
     encoding: 'utf8',
   });
   t.equal(out, `${TRICKY}|http://127.0.0.1:4000/p/demo|a b c`);
+});
+
+t.test('the catalog environment goes to env(1) as quoted words on the exec line; the shell exports nothing', async (t) => {
+  const [shim] = renderShims(catalog({ BASE: '{baseUrl}', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000');
+  const script = shim?.script ?? '';
+  t.notMatch(script, /^\s*export\b/m, 'no export');
+  t.match(script, /\nexec \/usr\/bin\/env -- \\\n  BASE='[^']*' \\\n  TOKEN='[^']*' \\\n  "\$__ac_real" "\$@"\n$/, 'one exec, env words, then the real command and the arguments');
+  const [bare] = renderShims(catalog({}), '/opt/shims', 'http://127.0.0.1:4000');
+  t.match(bare?.script ?? '', /\nexec \/usr\/bin\/env -- "\$__ac_real" "\$@"\n$/, 'no environment: env with nothing to add');
+  // Every shell variable of the shim carries the prefix no catalog name may have.
+  const beforeExec = (shim?.script ?? '').split('\nexec ')[0] ?? '';
+  const assigned = [...beforeExec.matchAll(/^\s*(?:for )?([A-Za-z_][A-Za-z0-9_]*)=|\bfor ([A-Za-z_][A-Za-z0-9_]*) in/gm)].map((m) => m[1] ?? m[2]);
+  t.ok(assigned.length > 5, 'the shim assigns its variables');
+  t.same(assigned.filter((v) => v !== undefined && v !== 'IFS' && !v.startsWith('__ac_')), [], 'all of them __ac_* (IFS is restored before exec)');
+});
+
+t.test('the renderer refuses what the catalog rules refuse, whoever calls it', async (t) => {
+  t.throws(() => renderShims(catalog({ LD_PRELOAD: '/tmp/x.so' }), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
+  t.throws(() => renderShims(catalog({}, ['.profile']), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
+  t.throws(() => renderShims(catalog({ real: '/usr/bin/id' }), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
 });

@@ -1,5 +1,8 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { REQUIRE_ALL_TESTS, unlessMissing } from '../tools/prerequisite.js';
 
 /**
  * The unprivileged UID agents run under, as a test creates it (CI runs as root).
@@ -191,4 +194,27 @@ export function snapshotProcsOf(uid: number): ProcSnapshot[] {
     }
   }
   return out;
+}
+
+/**
+ * A contract file that runs processes as the agent UID: `main` runs as root with the agent
+ * user and a 0755 base directory the agent may traverse (removed in teardown); as another
+ * user the file is skipped, or fails under AGENT_CONNECTORS_REQUIRE_ALL_TESTS=1.
+ */
+export async function asRootWithAgent(
+  t: { fail(message: string): unknown; plan(n: number, why: string): unknown; teardown(fn: () => void): unknown },
+  prefix: string,
+  main: (agent: AgentUser, base: string) => Promise<void>,
+): Promise<void> {
+  if (process.getuid?.() !== 0) {
+    const why = 'needs root: creates an agent user and switches to it with setpriv';
+    if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
+    else t.plan(0, why);
+    return;
+  }
+  const agent = ensureAgentUser();
+  const base = mkdtempSync(join(tmpdir(), prefix));
+  chmodSync(base, 0o755);
+  t.teardown(() => rmSync(base, { recursive: true, force: true }));
+  await main(agent, base);
 }
