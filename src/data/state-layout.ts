@@ -42,6 +42,8 @@ export interface StateLayout {
   linkPrivate: string;
   /** Where a non-root user's shims go by default. */
   shims: string;
+  /** The host's CLI CA (SPEC §10): 0700, the cli-proxy's user alone. */
+  cliCa: string;
 }
 
 export function stateLayout(stateDir: string): StateLayout {
@@ -60,5 +62,26 @@ export function stateLayout(stateDir: string): StateLayout {
     audit: join(root, 'audit'),
     linkPrivate: join(root, 'link'),
     shims: join(root, 'shims'),
+    cliCa: join(root, 'cli-ca'),
   };
 }
+
+/** The system state root, as the units pass it (SPEC §2). */
+export const SYSTEM_STATE_DIR = '/var/lib/agent-connectors';
+
+/** The shims' CA bundle's file name: a dot file beside the shims, so every agent can read it and no sweep takes it for a shim. */
+export const CA_BUNDLE_FILE = '.ca-bundle.pem';
+
+/**
+ * The shims' CA bundle (SPEC §10), written by the cli-proxy, named by every TLS-mode shim:
+ * in the system shim directory for the system state root (whoever runs: the cli-proxy's
+ * unit runs as agent-connectors, `shims install` as root), else beside the state root's shims.
+ */
+export function defaultCaBundle(stateDir: string): string {
+  const root = resolve(stateDir);
+  return join(root === SYSTEM_STATE_DIR ? SYSTEM_SHIM_DIR : stateLayout(root).shims, CA_BUNDLE_FILE);
+}
+
+/** In the CLI CA's directory: its key and certificate together (0600), and the certificate alone. */
+export const CA_FILE = 'ca.pem';
+export const CA_CERT_FILE = 'ca-cert.pem';

@@ -133,12 +133,15 @@ export async function closeGracefully(
   server: Server,
   inflight: InFlight,
   graceMs: number,
+  /** Cuts connections the HTTP server no longer tracks (CONNECT tunnels), which would hold the close. */
+  cutDetached?: () => void,
 ): Promise<{ clean: boolean; streamsCut: number }> {
   const closed = new Promise<void>((resolve) => server.close(() => resolve()));
   server.closeIdleConnections();
   const streamsCut = inflight.cutStreams();
   const clean = await inflight.drain(graceMs);
   server.closeAllConnections();
+  cutDetached?.();
   await closed;
   return { clean, streamsCut };
 }

@@ -19,11 +19,11 @@ export interface InstallResult {
  * shims of ours that the catalog no longer names. Files that are not our shims are never
  * touched.
  */
-export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
+export async function installShims(catalog: Catalog, dir: string, proxyUrl: string, caBundle?: string): Promise<InstallResult> {
   refuseInsidePackage(dir);
   // The Agent UID must be able to enter it whatever our umask (SPEC §2: 0755).
   if ((await mkdir(dir, { recursive: true, mode: 0o755 })) !== undefined) await chmod(dir, 0o755);
-  const shims = renderShims(catalog, dir, proxyUrl);
+  const shims = renderShims(catalog, dir, proxyUrl, caBundle);
   const wanted = new Set(shims.map((s) => s.name));
   const written: string[] = [];
   for (const shim of shims) {

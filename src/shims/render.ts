@@ -1,5 +1,7 @@
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Catalog } from '../data/catalog.js';
+import { CA_BUNDLE_FILE } from '../data/state-layout.js';
 
 /** A fixed, non-secret stand-in for the credential a CLI insists on having. */
 export const PLACEHOLDER = 'agent-connectors-placeholder';
@@ -18,19 +20,37 @@ export interface RenderedShim {
   script: string;
 }
 
+/** The CA bundle variables the common runtimes read (OpenSSL, Node, Python requests, curl, git, the AWS SDKs). */
+export const CA_BUNDLE_VARIABLES = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE'] as const;
+
+/**
+ * What a `tls` provider's shim adds (SPEC §10): the cli-proxy as the HTTPS proxy and the
+ * bundle (the system's CAs plus the CLI CA) wherever a runtime looks for one. Set after
+ * the catalog's own variables, so a catalog cannot point them elsewhere.
+ */
+export function tlsModeEnv(proxyUrl: string, caBundle: string): Record<string, string> {
+  const env: Record<string, string> = { HTTPS_PROXY: proxyUrl, https_proxy: proxyUrl };
+  for (const name of CA_BUNDLE_VARIABLES) env[name] = caBundle;
+  return env;
+}
+
 /**
  * One script per catalog command, from the one prototype in shims/. `{baseUrl}` is the
- * provider's path on the proxy, `{placeholder}` the fixed stand-in; nothing secret is
- * ever written into a shim.
+ * provider's path on the proxy, `{placeholder}` the provider's `placeholder` or the fixed
+ * stand-in; nothing secret is ever written into a shim. `caBundle` (default: beside the
+ * shims) is where `tls` providers' shims find the CA bundle the cli-proxy writes.
  */
-export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string): RenderedShim[] {
+export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string, caBundle = join(shimDir, CA_BUNDLE_FILE)): RenderedShim[] {
   const out: RenderedShim[] = [];
+  const origin = proxyUrl.replace(/\/+$/, '');
   for (const [provider, p] of Object.entries(catalog)) {
-    const baseUrl = `${proxyUrl.replace(/\/+$/, '')}/p/${provider}`;
+    const baseUrl = `${origin}/p/${provider}`;
+    const placeholder = p.placeholder ?? PLACEHOLDER;
     for (const cmd of p.commands) {
-      const exports = Object.entries(cmd.env)
-        .map(([k, v]) => `${k}=${shQuote(v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(PLACEHOLDER))}\nexport ${k}`)
-        .join('\n');
+      const catalogEnv = Object.entries(cmd.env).map(([k, v]) => [k, v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(placeholder)] as const);
+      const env = new Map<string, string>(catalogEnv);
+      if (p.mode === 'tls') for (const [k, v] of Object.entries(tlsModeEnv(origin, caBundle))) env.set(k, v);
+      const exports = [...env].map(([k, v]) => `${k}=${shQuote(v)}\nexport ${k}`).join('\n');
       const script = template
         .split('@NAME@')
         .join(cmd.name)

@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { handoffPaths } from '../data/handoff.js';
-import { SYSTEM_SHIM_DIR, stateLayout, type StateLayout } from '../data/state-layout.js';
+import { defaultCaBundle, SYSTEM_SHIM_DIR, stateLayout, type StateLayout } from '../data/state-layout.js';
 import type { PartsConfig } from './build-parts.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './defaults.js';
 import { addMetricsFlag } from './metrics-flag.js';
@@ -23,7 +23,7 @@ export function addApplyFlags(cmd: Command): Command {
 
 /** Apply's config for a layout: watching, shims in `shimDir` pointing at `proxyUrl`. */
 export function applyConfig(layout: StateLayout, shims: { dir: string; proxyUrl: string }, watch = true): NonNullable<PartsConfig['apply']> {
-  return { watch, rescanMs: 30_000, paths: handoffPaths(layout.handoff), layout, shims };
+  return { watch, rescanMs: 30_000, paths: handoffPaths(layout.handoff), layout, shims: { ...shims, caBundle: defaultCaBundle(layout.root) } };
 }
 
 export function applyPartsFrom(opts: Opts): PartsConfig {

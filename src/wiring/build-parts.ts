@@ -22,6 +22,8 @@ import { benchToggle } from './metrics-flag.js';
 export interface ShimTarget {
   dir: string;
   proxyUrl: string;
+  /** The CA bundle TLS-mode shims name (default: beside the shims). */
+  caBundle?: string | undefined;
 }
 
 /**
@@ -127,7 +129,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
         reconcile: shims && {
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
-            const r = await installShims(catalog, shims.dir, proxyUrl);
+            const r = await installShims(catalog, shims.dir, proxyUrl, shims.caBundle);
             log.info({ dir: shims.dir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
           },
         },
