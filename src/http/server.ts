@@ -43,7 +43,8 @@ export function createLoopbackServer(handler: Handler, limits: ServerLimits = de
   );
   server.timeout = 0;
   // Node hands CONNECT to a 'connect' listener, never to the handler; without one it just
-  // drops the socket. Neither proxy tunnels: answer 405 like any other refused method.
+  // drops the socket. The forwarder never tunnels: 405 like any other refused method. The
+  // cli-proxy replaces this listener with TLS mode's (LoopbackServiceSpec.connect).
   server.on('connect', (_req, socket: Duplex) => {
     const body = errorBody(new AppError('method_not_allowed'));
     socket.end(

@@ -68,3 +68,28 @@ t.test('a rendered shim runs the real command with the values verbatim (sh runs 
   });
   t.equal(out, `${TRICKY}|http://127.0.0.1:4000/p/demo|a b c`);
 });
+
+t.test('a tls provider\'s shim: HTTPS_PROXY and every CA bundle variable, its own placeholder', async (t) => {
+  const tls: Catalog = {
+    gh: {
+      mode: 'tls',
+      hosts: ['api.github.com'],
+      tokenFile: '/var/lib/agent-connectors/cli-proxy/gh.token',
+      inject: { type: 'header', name: 'Authorization', value: 'token {token}' },
+      placeholder: 'ghp_agentconnectors000000000000000000000',
+      // A catalog cannot point the bundle elsewhere: the shim's own values come last.
+      commands: [{ name: 'gh', env: { GH_TOKEN: '{placeholder}', SSL_CERT_FILE: '/tmp/evil.pem' } }],
+    },
+  };
+  const [shim] = renderShims(tls, '/opt/shims', 'http://127.0.0.1:14324/', '/opt/shims/.ca-bundle.pem');
+  const script = shim?.script ?? '';
+  t.match(script, `GH_TOKEN='ghp_agentconnectors000000000000000000000'\nexport GH_TOKEN`);
+  for (const v of ['HTTPS_PROXY', 'https_proxy']) t.match(script, `${v}='http://127.0.0.1:14324'\nexport ${v}`);
+  for (const v of ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE']) {
+    t.match(script, `${v}='/opt/shims/.ca-bundle.pem'\nexport ${v}`, v);
+  }
+  t.notMatch(script, 'evil.pem', 'the catalog\'s SSL_CERT_FILE is replaced');
+  const [plain] = renderShims(catalog({ T: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:14324');
+  t.notMatch(plain?.script ?? '', 'HTTPS_PROXY', 'a base-url provider\'s shim sets no proxy');
+  t.match(plain?.script ?? '', `T='${PLACEHOLDER}'`, 'and keeps the fixed placeholder');
+});
