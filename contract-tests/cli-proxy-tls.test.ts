@@ -141,6 +141,8 @@ async function main(): Promise<void> {
     const ok = await runAsAgent(agent, 'grep -c "BEGIN CERTIFICATE" "$1"', { env, args: [bundle] });
     t.equal(ok.code, 0, 'the agent reads the bundle');
     t.ok(Number(ok.stdout.trim()) > 1, 'the bundle holds the system CAs and ours');
+    t.notMatch(readFileSync(bundle, 'utf8'), /PRIVATE KEY/, 'and never the CA\'s key');
+    t.notMatch(readFileSync(join(caDir, 'ca-cert.pem'), 'utf8'), /PRIVATE KEY/, 'nor does the public certificate file');
     t.equal(statSync(bundle).mode & 0o777, 0o644);
   });
 

@@ -141,13 +141,17 @@ export async function createCa(commonName: string, validDays: number, now = new 
   return { cert, key: await exportKey(keys.privateKey), notAfter };
 }
 
-/** Loads a CA's PEM certificate and PKCS#8 key for signing; throws if they do not belong together. */
+/**
+ * Loads a CA's PEM certificate and PKCS#8 key for signing (both may come from one text);
+ * throws if they do not belong together.
+ */
 export async function loadCa(certPem: string, keyPem: string): Promise<LoadedCa> {
   const parsed = pkijs.Certificate.fromBER(derOf(certPem, 'CERTIFICATE'));
   const signing = await webcrypto.subtle.importKey('pkcs8', derOf(keyPem, 'PRIVATE KEY'), EC_KEY, false, ['sign']);
   const publicDer = createPublicKey(KeyObject.from(signing)).export({ type: 'spki', format: 'der' });
   if (!Buffer.from(parsed.subjectPublicKeyInfo.toSchema().toBER(false)).equals(publicDer)) throw new Error('the CA key does not match its certificate');
-  return { cert: certPem, notAfter: parsed.notAfter.value, signing, spki: parsed.subjectPublicKeyInfo, subject: parsed.subject };
+  // The certificate alone, re-encoded: `certPem` may be the CA file that holds the key too.
+  return { cert: pem('CERTIFICATE', derOf(certPem, 'CERTIFICATE')), notAfter: parsed.notAfter.value, signing, spki: parsed.subjectPublicKeyInfo, subject: parsed.subject };
 }
 
 /**

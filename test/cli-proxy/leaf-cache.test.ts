@@ -45,7 +45,8 @@ t.test('OpenSSL\'s strict verification (Python 3.13\'s default) accepts the chai
 
 t.test('a TLS client trusting only the CA completes a handshake for the host', async (t) => {
   const cache = new LeafCache(loaded);
-  const server = createServer({ secureContext: await cache.context('api.github.com') }, (s) => s.end('ok'));
+  const context = await cache.context('api.github.com');
+  const server = createServer({ SNICallback: (_name, cb) => cb(null, context) }, (s) => s.end('ok'));
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   t.teardown(() => server.close());
   const port = (server.address() as AddressInfo).port;
