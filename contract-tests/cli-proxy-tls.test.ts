@@ -181,6 +181,21 @@ async function main(): Promise<void> {
     t.not(intercepted.code, 0, 'the catalog host, by contrast, is not the fake\'s certificate (intercepted)');
   });
 
+  t.test('inside an intercepted tunnel, a request for another Host is refused and gets no token', async (t) => {
+    const before = saas.requests.length;
+    const r = await runAsAgent(agent, 'ghcurl -sS -H "Host: evil.example" "$1"', { env, args: [`https://${CATALOG_HOST}/user`] });
+    t.match(r.stdout, /"error":"forbidden_host"/, '403 forbidden_host');
+    t.equal(saas.requests.length, before, 'nothing reached the SaaS');
+  });
+
+  t.test('a tunnel to a loopback address is refused: the proxy\'s UID is no way into local services', async (t) => {
+    for (const target of [`127.0.0.1:${proxy.port}`, `localhost:${proxy.port}`]) {
+      const r = await runAsAgent(agent, 'curl -sS -x "$2" -k "$1"', { env: { PATH: '/usr/bin:/bin' }, args: [`https://${target}/healthz`, proxy.base] });
+      t.not(r.code, 0, `${target}: curl fails`);
+      t.match(r.stderr, /403/, `${target}: the proxy answered 403`);
+    }
+  });
+
   t.test('a UID that is not an agent user gets 403 for CONNECT', async (t) => {
     const before = saas.requests.length;
     const r = await runAsAgent(nobody, 'curl -sS -x "$2" --cacert "$3" "$1"', { env: { PATH: '/usr/bin:/bin' }, args: [`https://${CATALOG_HOST}/user`, proxy.base, bundle] });
