@@ -500,12 +500,14 @@ t.test('routes: /healthz, unknown and malformed providers, other paths, refused 
   t.ok(allow, 'TRACE: a 405 carries Allow (RFC 9110 §15.5.6)');
   t.notMatch(allow, /TRACE|CONNECT/, 'Allow does not list TRACE or CONNECT');
 
+  // CONNECT is TLS mode's (SPEC §10), for agent UIDs only: with no peer check configured
+  // nobody's UID can be told to be an agent's, so it is refused (cli-proxy-tls.test.ts has the rest).
   for (const target of ['/p/notion/x', 'api.notion.com:443']) {
     const connect = await tryRaw(proxy.port, `CONNECT ${target} HTTP/1.1\r\nHost: 127.0.0.1:${proxy.port}\r\n\r\n`);
     if (connect instanceof Error) {
-      t.fail(`CONNECT ${target}: expected 405 method_not_allowed, the connection was dropped without an answer (${connect.message.slice(0, 80)})`);
+      t.fail(`CONNECT ${target}: expected 403 forbidden_peer, the connection was dropped without an answer (${connect.message.slice(0, 80)})`);
     } else {
-      assertJsonError(t, connect, 405, 'method_not_allowed', `CONNECT ${target}`);
+      assertJsonError(t, connect, 403, 'forbidden_peer', `CONNECT ${target}`);
     }
   }
   t.equal(gw.requests.length, 0, 'the upstream was never called');

@@ -526,7 +526,10 @@ async function main(agent: AgentUser, base: string): Promise<void> {
     };
     const oc = await run(['--agent', 'openclaw', '--dir', shimDir]);
     t.equal(oc.child.exitCode, 0);
-    t.same(oc.lines, [`openclaw config set tools.exec.pathPrepend ${shimDir}`], 'openclaw: its official config command');
+    t.equal(oc.lines[0], `openclaw config set tools.exec.pathPrepend ${shimDir}`, 'openclaw: its official config command');
+    // SPEC §10: where TLS mode's trust lives, as a shell comment (the output stays runnable).
+    t.match(oc.lines[1], /^# TLS mode: CLI CA in \/\S+\/cli-ca .*CA bundle \/\S+\/ca-bundle\.pem$/, 'then where the CLI CA and the bundle are');
+    t.equal(oc.lines.length, 2);
     for (const agentName of ['claude', 'codex']) {
       const p = await run(['--agent', agentName, '--dir', shimDir]);
       t.equal(p.child.exitCode, 0);

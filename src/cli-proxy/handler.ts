@@ -5,13 +5,15 @@ import type { HotFile } from '../config/hot-file.js';
 import { AppError, ClientGoneError } from '../errors.js';
 import { cliUpstreamToAgentPolicy, dropRawHeaders, filterResponseRecord, firstValue, type HeaderRecord } from '../http/headers.js';
 import { holdsToken, tokenNeedles, withoutReflectedToken, type TokenNeedles } from '../http/token-reflection.js';
-import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
+import { createRequestPipeline, sendJson, type AccessRecord, type FrontChecks, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
 import { readBody } from '../http/request-body.js';
 import { readTokenFile } from '../token/token-file.js';
 import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
-import type { Catalog } from '../data/catalog.js';
+import type { Catalog, Provider } from '../data/catalog.js';
+import { tlsProviderFor } from '../data/tls-hosts.js';
+import type { Check } from '../http/loopback.js';
 import type { AuditSpool } from './audit-spool.js';
 import type { AuditEvent } from '../data/audit-event.js';
 import { basicCredential, injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
@@ -20,6 +22,8 @@ import { rewriteLinkHeader, rewriteLocation, routeCli, upstreamUrl } from './rou
 export interface CliProxyDeps extends PipelineDeps {
   catalog: HotFile<Catalog>;
   agent: Agent;
+  /** TLS mode's upstream dispatcher: the system's CAs (+ `--upstream-ca`), `--resolve`. */
+  tlsAgent?: Agent | undefined;
   bodyLimit: number;
   /** Shared by every request: one watch per token file in rotation. */
   rotation: TokenRotationWait;
@@ -40,21 +44,82 @@ const ALLOWED_METHODS = 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
 const STREAMED_NOT_RETRIED =
   'The upstream rejected a token that renewal has since replaced; this request streamed its body, so it cannot be sent again: run the command again.';
 
+/** What one request is for, once routed: a provider and where its call goes. */
+export interface ProviderTarget {
+  name: string;
+  provider: Provider;
+  /** The upstream base: the catalog's `upstream`, or `https://<host>` in TLS mode. */
+  upstream: string;
+  /** The CLI's path and query, raw. */
+  rest: string;
+  search: string;
+  /**
+   * Where URLs back into the upstream are sent instead (`/p/<provider>` on the proxy);
+   * undefined in TLS mode, where the CLI's next call comes through CONNECT again.
+   */
+  proxyBase: string | undefined;
+}
+
+type Route = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord) => ProviderTarget | 'answered';
+
+/** `/p/<provider>/…` on the loopback listener (SPEC §5). */
 export function createCliProxyHandler(deps: CliProxyDeps): (req: IncomingMessage, res: ServerResponse) => void {
+  return auditedPipeline(deps, (req, res, rec) => routePath(deps, req, res, rec));
+}
+
+/**
+ * The requests inside an intercepted CONNECT tunnel (SPEC §10): same pipeline, the
+ * provider found by the tunnel's host in the catalog as it is now (a provider gone since
+ * the tunnel opened answers 404, never a call without its token).
+ */
+export function createInterceptHandler(deps: CliProxyDeps, hostOf: (req: IncomingMessage) => string | undefined): (req: IncomingMessage, res: ServerResponse) => void {
+  const hostCheck = (req: IncomingMessage): Check => {
+    const host = hostOf(req);
+    const header = req.headers.host?.toLowerCase();
+    return host !== undefined && (header === host || header === `${host}:443`) ? { ok: true } : { ok: false, reason: 'Host is not the tunnel\'s host' };
+  };
+  return auditedPipeline(
+    deps,
+    (req, _res, rec) => {
+      const host = hostOf(req) as string;
+      const found = tlsProviderFor(deps.catalog.current.value, host);
+      if (found) rec.provider = found.name;
+      if (!found) throw new AppError('unknown_provider');
+      const target = req.url ?? '';
+      if (!target.startsWith('/')) throw new AppError('not_found');
+      const q = target.indexOf('?');
+      return {
+        name: found.name,
+        provider: found.provider,
+        upstream: `https://${host}`,
+        rest: q === -1 ? target : target.slice(0, q),
+        search: q === -1 ? '' : target.slice(q),
+        proxyBase: undefined,
+      };
+    },
+    { hostCheck, hostRefusal: 'The Host header must name the host this tunnel was opened to.' },
+  );
+}
+
+function auditedPipeline(deps: CliProxyDeps, route: Route, checks?: FrontChecks): (req: IncomingMessage, res: ServerResponse) => void {
   const { audit } = deps;
-  if (!audit) return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
-  return createRequestPipeline(deps, (req, res, rec) => {
-    const peer = deps.peerUid?.(req);
-    const time = new Date().toISOString();
-    const audited: { provider?: string } = {};
-    // Registered after the pipeline's own close listener, so status and duration are set.
-    res.once('close', () => {
-      // A request cut before any answer has no status; 499 as nginx logs it.
-      const status = res.headersSent ? res.statusCode : 499;
-      if (audited.provider !== undefined) void auditEvent(audited.provider, time, status, rec, peer).then((e) => audit.record(e));
-    });
-    return handle(deps, req, res, rec, audited);
-  });
+  if (!audit) return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec, route), checks);
+  return createRequestPipeline(
+    deps,
+    (req, res, rec) => {
+      const peer = deps.peerUid?.(req);
+      const time = new Date().toISOString();
+      const audited: { provider?: string } = {};
+      // Registered after the pipeline's own close listener, so status and duration are set.
+      res.once('close', () => {
+        // A request cut before any answer has no status; 499 as nginx logs it.
+        const status = res.headersSent ? res.statusCode : 499;
+        if (audited.provider !== undefined) void auditEvent(audited.provider, time, status, rec, peer).then((e) => audit.record(e));
+      });
+      return handle(deps, req, res, rec, route, audited);
+    },
+    checks,
+  );
 }
 
 /** The shape of the call from its access record; `rec.path` never holds the query. */
@@ -91,7 +156,7 @@ class BodyLimit extends Transform {
   }
 }
 
-async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, audited?: { provider?: string }): Promise<void> {
+function routePath(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): ProviderTarget | 'answered' {
   const r = routeCli(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -99,19 +164,28 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     const state = deps.catalog.current;
     sendJson(res, 200, { status: state.status, providers: Object.keys(state.value).length, version }, method === 'HEAD');
     rec.outcome = 'health';
-    return;
+    return 'answered';
   }
   if (r.kind === 'not_found') throw new AppError('not_found');
   if (r.kind === 'unknown_provider') throw new AppError('unknown_provider');
   rec.provider = r.provider;
   const providers = deps.catalog.current.value;
   const provider = Object.hasOwn(providers, r.provider) ? providers[r.provider] : undefined;
-  if (!provider) throw new AppError('unknown_provider');
-  if (audited) audited.provider = r.provider;
+  // A tls provider has no base URL to serve: it is reached through CONNECT only.
+  if (!provider || provider.upstream === undefined) throw new AppError('unknown_provider');
+  return { name: r.provider, provider, upstream: provider.upstream, rest: r.rest, search: r.search, proxyBase: `http://${req.headers.host ?? ''}/p/${r.provider}` };
+}
+
+async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, route: Route, audited?: { provider?: string }): Promise<void> {
+  const method = req.method ?? '';
+  const routed = route(req, res, rec);
+  if (routed === 'answered') return;
+  const { provider } = routed;
+  if (audited) audited.provider = routed.name;
   if (REFUSED_METHODS.has(method)) throw new AppError('method_not_allowed', undefined, { allow: ALLOWED_METHODS });
 
-  const basePath = new URL(provider.upstream).pathname.replace(/\/+$/, '');
-  const target = (): URL => upstreamUrl(provider.upstream, r.rest, r.search);
+  const basePath = new URL(routed.upstream).pathname.replace(/\/+$/, '');
+  const target = (): URL => upstreamUrl(routed.upstream, routed.rest, routed.search);
   const first = target();
   // `..` out of the base path, or into a sibling of it (`/base-admin` next to `/base`).
   if (basePath && first.pathname !== basePath && !first.pathname.startsWith(`${basePath}/`)) throw new AppError('not_found');
@@ -135,7 +209,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const send = (token: string, url: URL): UpstreamCall => {
     const headers = dropRawHeaders(req.rawHeaders, strippedHeaders(provider.inject));
     injectToken(provider.inject, token, headers, url);
-    return new UpstreamCall(deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
+    return new UpstreamCall(routed.proxyBase === undefined ? (deps.tlsAgent ?? deps.agent) : deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
   };
   const headOf = async (call: UpstreamCall): Promise<UpstreamHead> => {
     try {
@@ -152,14 +226,14 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   if (upstream.statusCode === 401 && deps.tokenWaitMs > 0) {
     // The SaaS may refuse a token the moment its successor is minted; renewal writes the
     // successor within a second. The 401 is held (not yet relayed) while we wait.
-    const routed = (): boolean => Object.hasOwn(deps.catalog.current.value, r.provider);
-    const end = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res, routed);
+    const stillRouted = (): boolean => Object.hasOwn(deps.catalog.current.value, routed.name);
+    const end = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res, stillRouted);
     if (res.destroyed) throw new ClientGoneError();
     if (end.kind === 'deleted' || end.kind === 'unrouted') {
       // A disconnect retires the token file and the provider: answer as a new request would.
       await call.discard();
       rec.upstreamStatus = 401;
-      if (end.kind === 'unrouted' || !routed()) throw new AppError('unknown_provider');
+      if (end.kind === 'unrouted' || !stillRouted()) throw new AppError('unknown_provider');
       rec.tokenProblem = 'missing';
       throw new AppError('token_unavailable');
     }
@@ -179,7 +253,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
 
   const needles = tokenNeedles(token, provider.inject.type === 'basic' ? [basicCredential(provider.inject, token)] : []);
   const out = withoutReflectedToken(
-    backThroughProxy(filterResponseRecord(upstream.headers, cliUpstreamToAgentPolicy), provider, url, `http://${req.headers.host ?? ''}/p/${r.provider}`, needles),
+    backThroughProxy(filterResponseRecord(upstream.headers, cliUpstreamToAgentPolicy), routed, url, needles),
     needles,
     rec,
     deps.log,
@@ -195,10 +269,12 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
  * instead (the CLI would otherwise call the upstream with only its placeholder), less the
  * query parameter a `query` inject put there: an upstream may echo the query it got.
  */
-function backThroughProxy(out: HeaderRecord, provider: Catalog[string], url: URL, proxyBase: string, needles: TokenNeedles): HeaderRecord {
-  const inject = provider.inject;
+function backThroughProxy(out: HeaderRecord, routed: ProviderTarget, url: URL, needles: TokenNeedles): HeaderRecord {
+  const inject = routed.provider.inject;
+  const { proxyBase } = routed;
   const rewrite = (uri: string): string => {
-    const rewritten = rewriteLocation(uri, url, provider.upstream, proxyBase);
+    if (proxyBase === undefined) return uri;
+    const rewritten = rewriteLocation(uri, url, routed.upstream, proxyBase);
     return inject.type === 'query' ? withoutQueryParam(rewritten, inject.name) : rewritten;
   };
   const location = firstValue(out.location);
@@ -209,6 +285,6 @@ function backThroughProxy(out: HeaderRecord, provider: Catalog[string], url: URL
     out.location = rewritten;
   }
   const link = out.link;
-  if (link !== undefined) out.link = Array.isArray(link) ? link.map((v) => rewriteLinkHeader(v, rewrite)) : rewriteLinkHeader(link, rewrite);
+  if (link !== undefined && proxyBase !== undefined) out.link = Array.isArray(link) ? link.map((v) => rewriteLinkHeader(v, rewrite)) : rewriteLinkHeader(link, rewrite);
   return out;
 }

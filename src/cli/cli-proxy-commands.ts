@@ -3,7 +3,7 @@ import { Option, type Command } from 'commander';
 import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
 import { readCatalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
-import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
+import { CA_CERT_FILE, CA_FILE, defaultCaBundle, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { parseListen } from '../http/loopback.js';
 import { handoffPaths } from '../data/handoff.js';
@@ -46,6 +46,7 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--providers <file>', 'provider catalog (default: <state>/cli-proxy/providers.json)')
     .option('--handoff <dir>', 'renewal hand-off directory, for the providers\' cli:<provider> slots (default: <state>/handoff)')
     .option('--allowed-commands <file>', `host tools the operator lets the catalog shim, one per line (default: ${ALLOWED_COMMANDS_FILE})`)
+    .option('--ca-bundle <file>', 'the CA bundle TLS-mode shims name, as the cli-proxy writes it (default: as cli-proxy --ca-bundle)')
     .action(async (opts: Record<string, string | undefined>) => {
       const layout = layoutFrom(opts);
       const catalog = await readCatalog(layout.providers);
@@ -61,7 +62,7 @@ export function registerCliProxyCommands(program: Command): void {
       }
       parseListen(parsedProxy.host); // loopback only, like the proxy itself
       const dir = resolve(opts.dir ?? defaultShimDir(layout.root));
-      const result = await installShims(catalog, dir, parsedProxy.origin);
+      const result = await installShims(catalog, dir, parsedProxy.origin, resolve(opts.caBundle ?? defaultCaBundle(layout.root)));
       const paths = handoffPaths(layout.handoff);
       for (const provider of Object.keys(catalog)) await ensureSlot(paths, cliSlot(provider));
       process.stdout.write(
@@ -76,7 +77,11 @@ export function registerCliProxyCommands(program: Command): void {
     .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]).makeOptionMandatory())
     .option('--dir <dir>', 'shim directory')
     .option('--state-dir <dir>', 'state root')
-    .action((opts: { agent: AgentName; dir?: string; stateDir?: string }) => {
-      process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(layoutFrom(opts).root)))}\n`);
+    .option('--ca-bundle <file>', 'the shims\' CA bundle, if not the default')
+    .action((opts: { agent: AgentName; dir?: string; stateDir?: string; caBundle?: string }) => {
+      const layout = layoutFrom(opts);
+      process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(layout.root)))}\n`);
+      // TLS mode (SPEC §10): where its trust lives, for an operator checking a CLI's failed handshake.
+      process.stdout.write(`# TLS mode: CLI CA in ${layout.cliCa} (${CA_CERT_FILE} public, ${CA_FILE} the cli-proxy's user alone); shims' CA bundle ${resolve(opts.caBundle ?? defaultCaBundle(layout.root))}\n`);
     });
 }

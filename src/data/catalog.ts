@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { COMMAND_NAME, COMMAND_NAME_RULE, envNameProblem, LINE_BREAK_OR_NUL, NO_LINE_BREAK_RULE } from './catalog-rules.js';
 import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
+import { hostsSchema, placeholderSchema, tlsCatalogProblem } from './tls-hosts.js';
 import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
 
 /**
@@ -53,10 +54,19 @@ export const commandSchema = z.strictObject({
   env: z.record(envNameSchema, oneLine(4096)).default({}),
 });
 
+/**
+ * `mode` (SPEC §10): `base-url` (the default) serves `/p/<provider>/` and needs `upstream`; `tls` is
+ * reached through CONNECT to one of its `hosts` and has no `upstream`. Which fields go
+ * with which mode is checked over the whole catalog (`tlsCatalogProblem`), so that this
+ * stays a plain object the desired state can `omit` from.
+ */
 export const providerSchema = z.strictObject({
-  upstream: upstreamUrlSchema,
+  mode: z.enum(['base-url', 'tls']).optional(),
+  upstream: upstreamUrlSchema.optional(),
+  hosts: hostsSchema.optional(),
   tokenFile: absolutePathSchema,
   inject: injectSchema,
+  placeholder: placeholderSchema.optional(),
   commands: z.array(commandSchema).default([]),
 });
 
@@ -74,6 +84,8 @@ export function parseCatalog(text: string): ParseResult<Catalog> {
   if (!parsed.ok) return parsed;
   const dup = duplicateCommand(parsed.value);
   if (dup !== undefined) return { ok: false, error: `schema: command "${dup}" is declared by two providers` };
+  const tls = tlsCatalogProblem(parsed.value);
+  if (tls !== undefined) return { ok: false, error: `schema: ${tls}` };
   return parsed;
 }
 

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { commandSchema, duplicateCommand, providerNameSchema, providerSchema, type Catalog } from './catalog.js';
 import { parseJsonWith, type ParseResult } from './parse.js';
+import { tlsCatalogProblem } from './tls-hosts.js';
 import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
 import { cliSlot, instanceSlot } from './renew-wire.js';
 import { tokenPath, type TokenLayout } from './token-path.js';
@@ -70,6 +71,8 @@ export const desiredStateSchema = z
     if (duplicateCommand(s.providers) !== undefined) {
       ctx.addIssue({ code: 'custom', path: ['providers'], message: 'a command name is declared by two providers' });
     }
+    const tls = tlsCatalogProblem(s.providers);
+    if (tls !== undefined) ctx.addIssue({ code: 'custom', path: ['providers'], message: tls });
   });
 
 export type DesiredBinding = z.infer<typeof desiredBindingSchema>;
@@ -126,7 +129,7 @@ export function toLocalConfig(state: DesiredState, layout: TokenLayout): { insta
   const catalog: Catalog = Object.fromEntries(
     Object.entries(state.providers).map(([name, p]) => [
       name,
-      { upstream: p.upstream, tokenFile: tokenPath({ kind: 'cli', id: name }, layout), inject: p.inject, commands: p.commands },
+      { ...p, tokenFile: tokenPath({ kind: 'cli', id: name }, layout) },
     ]),
   );
   return { instances, catalog };

@@ -42,6 +42,8 @@ export interface StateLayout {
   linkPrivate: string;
   /** Where a non-root user's shims go by default. */
   shims: string;
+  /** The host's CLI CA (SPEC §10): 0700, the cli-proxy's user alone. */
+  cliCa: string;
 }
 
 export function stateLayout(stateDir: string): StateLayout {
@@ -60,5 +62,31 @@ export function stateLayout(stateDir: string): StateLayout {
     audit: join(root, 'audit'),
     linkPrivate: join(root, 'link'),
     shims: join(root, 'shims'),
+    cliCa: join(root, 'cli-ca'),
   };
 }
+
+/** The system state root, as the units pass it (SPEC §2). */
+export const SYSTEM_STATE_DIR = '/var/lib/agent-connectors';
+
+/**
+ * Where the shims' CA bundle lives on a system install: a directory of its own that every
+ * user may read, so the cli-proxy that writes it needs no write access to the shims (apply
+ * owns that directory and sweeps whatever it did not render).
+ */
+export const SYSTEM_CA_BUNDLE_DIR = '/var/lib/agent-connectors-ca';
+export const CA_BUNDLE_FILE = 'ca-bundle.pem';
+
+/**
+ * The shims' CA bundle (SPEC §10), written by the cli-proxy, named by every TLS-mode shim:
+ * the system's for the system state root (whoever runs: the cli-proxy's unit runs as
+ * agent-connectors, `shims install` as root), else `<state>/ca-bundle/`.
+ */
+export function defaultCaBundle(stateDir: string): string {
+  const root = resolve(stateDir);
+  return join(root === SYSTEM_STATE_DIR ? SYSTEM_CA_BUNDLE_DIR : join(root, 'ca-bundle'), CA_BUNDLE_FILE);
+}
+
+/** In the CLI CA's directory: its key and certificate together (0600), and the certificate alone. */
+export const CA_FILE = 'ca.pem';
+export const CA_CERT_FILE = 'ca-cert.pem';

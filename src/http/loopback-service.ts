@@ -2,6 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { PeerAccess } from './peer-access.js';
 import { choosePeerUidLookup } from './peer-uid.js';
 import type { Agent } from 'undici';
@@ -27,6 +28,15 @@ export interface LoopbackServiceSpec<T> {
    */
   config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
   handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
+  /**
+   * CONNECT (the cli-proxy's TLS mode, SPEC §10); without it CONNECT is answered 405.
+   * `socketAllowed` is the peer check of a raw connection (undefined: none configured);
+   * `adopt` gives a connection made on top of another (TLS inside a tunnel) its peer.
+   */
+  connect?: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent; socketAllowed: ((socket: Socket) => Promise<boolean>) | undefined; adopt: (inner: Socket, outer: Socket) => void }) => {
+    handle: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
+    closeAll: () => number;
+  };
   onListening?: (port: number) => void;
   /** Only these local UIDs may connect (the peer's UID is looked up once per connection). */
   allowedUids?: ReadonlySet<number> | undefined;
@@ -103,9 +113,22 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const readUids = checked || spec.peerUids === true;
   const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
   const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
-  const server = createLoopbackServer(
-    spec.handler({ config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer }),
-  );
+  const deps = { config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer };
+  const server = createLoopbackServer(spec.handler(deps));
+  const tunnels = spec.connect?.({
+    ...deps,
+    socketAllowed: checked ? (socket) => allowed.get(socket) ?? Promise.resolve(false) : undefined,
+    adopt: (inner, outer) => {
+      const decision = allowed.get(outer);
+      if (decision) allowed.set(inner, decision);
+      const uid = uidOf.get(outer);
+      if (uid) uidOf.set(inner, uid);
+    },
+  });
+  if (tunnels) {
+    server.removeAllListeners('connect');
+    server.on('connect', tunnels.handle);
+  }
   let access: PeerAccess | undefined;
   if (checked) {
     const own = process.getuid?.();
@@ -188,7 +211,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
 
   stopping = true;
   log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
-  const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs);
+  const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs, () => tunnels?.closeAll());
   log.info({ clean, streamsCut }, `${spec.name} stopped`);
 }
 

@@ -5,7 +5,7 @@ import { accessLogFor } from '../log/access-line.js';
 import type { Logger } from '../log/logger.js';
 
 import { firstValue } from './headers.js';
-import { checkHost, checkOrigin } from './loopback.js';
+import { checkHost, checkOrigin, type Check } from './loopback.js';
 
 import type { InFlight } from './server.js';
 
@@ -54,12 +54,22 @@ export interface RequestObserver {
 export type RouteHandler = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord) => Promise<void>;
 
 /**
+ * Replaces the loopback Host and Origin checks for requests that do not arrive on the
+ * listener itself (the cli-proxy's intercepted tunnels, whose Host is the SaaS's name).
+ */
+export interface FrontChecks {
+  hostCheck: (req: IncomingMessage) => Check;
+  /** The answer's message when hostCheck refuses (code forbidden_host). */
+  hostRefusal: string;
+}
+
+/**
  * The shared front of every loopback server (forwarder and cli-proxy): request id,
  * in-flight tracking for graceful shutdown, loopback Host/Origin
  * checks before any routing, one access-log line, and the one place where any error
  * becomes its JSON answer.
  */
-export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): (req: IncomingMessage, res: ServerResponse) => void {
+export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, front?: FrontChecks): (req: IncomingMessage, res: ServerResponse) => void {
   const { log } = deps;
   const access = accessLogFor(log);
   return (req, res) => {
@@ -83,6 +93,14 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler): 
       if (deps.peerAllowed && !(await deps.peerAllowed(req))) {
         res.shouldKeepAlive = false;
         throw new AppError('forbidden_peer');
+      }
+      if (front) {
+        const host = front.hostCheck(req);
+        if (!host.ok) {
+          rec.refused = host.reason;
+          throw new AppError('forbidden_host', front.hostRefusal);
+        }
+        return route(req, res, rec);
       }
       // The reason goes into the access line (the operator's), never into the answer.
       const host = checkHost(req.headers.host, deps.port());

@@ -43,7 +43,8 @@ export function createLoopbackServer(handler: Handler, limits: ServerLimits = de
   );
   server.timeout = 0;
   // Node hands CONNECT to a 'connect' listener, never to the handler; without one it just
-  // drops the socket. Neither proxy tunnels: answer 405 like any other refused method.
+  // drops the socket. The forwarder never tunnels: 405 like any other refused method. The
+  // cli-proxy replaces this listener with TLS mode's (LoopbackServiceSpec.connect).
   server.on('connect', (_req, socket: Duplex) => {
     const body = errorBody(new AppError('method_not_allowed'));
     socket.end(
@@ -133,12 +134,15 @@ export async function closeGracefully(
   server: Server,
   inflight: InFlight,
   graceMs: number,
+  /** Cuts connections the HTTP server no longer tracks (CONNECT tunnels), which would hold the close. */
+  cutDetached?: () => void,
 ): Promise<{ clean: boolean; streamsCut: number }> {
   const closed = new Promise<void>((resolve) => server.close(() => resolve()));
   server.closeIdleConnections();
   const streamsCut = inflight.cutStreams();
   const clean = await inflight.drain(graceMs);
   server.closeAllConnections();
+  cutDetached?.();
   await closed;
   return { clean, streamsCut };
 }

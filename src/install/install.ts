@@ -5,7 +5,7 @@ import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { AGENT_USERS_FILE, agentUserEntry, renderAgentUsers } from '../data/agent-users.js';
-import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
+import { SYSTEM_CA_BUNDLE_DIR, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { LINK_UNIT, LINK_USER, OLD_LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
@@ -75,13 +75,14 @@ export function vendorLayout(): Layout {
 
 /**
  * What `--purge` (and the .deb's purge) deletes besides the installed files: the state
- * root, the shim directory and the link's private state (DynamicUser= keeps it under
+ * root, the shim directory, the shims' CA bundle and the link's private state (DynamicUser= keeps it under
  * /var/lib/private, with a link beside), under its name and 0.1.0's (a host purged
  * without the upgrade's move having run).
  */
 export const PURGED_STATE = [
   '/var/lib/agent-connectors',
   SYSTEM_SHIM_DIR,
+  SYSTEM_CA_BUNDLE_DIR,
   LINK_STATE,
   `/var/lib/${LINK_USER}`,
   OLD_STATE,

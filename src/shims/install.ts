@@ -25,11 +25,11 @@ export interface InstallResult {
  *     `--dir` set by mistake to /usr/local/bin must not lose its contents.
  * Our own temp files are left to `sweepStaleTemps`, which removes only a dead writer's.
  */
-export async function installShims(catalog: Catalog, dir: string, proxyUrl: string): Promise<InstallResult> {
+export async function installShims(catalog: Catalog, dir: string, proxyUrl: string, caBundle: string): Promise<InstallResult> {
   refuseInsidePackage(dir);
   // The Agent UID must be able to enter it whatever our umask (SPEC §2: 0755).
   if ((await mkdir(dir, { recursive: true, mode: 0o755 })) !== undefined) await chmod(dir, 0o755);
-  const shims = renderShims(catalog, dir, proxyUrl);
+  const shims = renderShims(catalog, dir, proxyUrl, caBundle);
   const wanted = new Set(shims.map((s) => s.name));
   const written: string[] = [];
   for (const shim of shims) {

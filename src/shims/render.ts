@@ -19,26 +19,43 @@ export interface RenderedShim {
   script: string;
 }
 
+/** The CA bundle variables the common runtimes read (OpenSSL, Node, Python requests, curl, git, the AWS SDKs). */
+export const CA_BUNDLE_VARIABLES = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE'] as const;
+
+/**
+ * What a `tls` provider's shim adds (SPEC §10): the cli-proxy as the HTTPS proxy and the
+ * bundle (the system's CAs plus the CLI CA) wherever a runtime looks for one. Set after
+ * the catalog's own variables, so a catalog cannot point them elsewhere.
+ */
+export function tlsModeEnv(proxyUrl: string, caBundle: string): Record<string, string> {
+  const env: Record<string, string> = { HTTPS_PROXY: proxyUrl, https_proxy: proxyUrl };
+  for (const name of CA_BUNDLE_VARIABLES) env[name] = caBundle;
+  return env;
+}
+
 /**
  * One script per catalog command, from the one prototype in shims/. `{baseUrl}` is the
- * provider's path on the proxy, `{placeholder}` the fixed stand-in; nothing secret is
- * ever written into a shim.
+ * provider's path on the proxy, `{placeholder}` the provider's `placeholder` or the fixed
+ * stand-in; nothing secret is ever written into a shim. `caBundle` is where `tls` providers' shims find the CA bundle the cli-proxy writes.
  */
-export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string): RenderedShim[] {
+export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string, caBundle: string): RenderedShim[] {
   const out: RenderedShim[] = [];
+  const origin = proxyUrl.replace(/\/+$/, '');
   for (const [provider, p] of Object.entries(catalog)) {
-    const baseUrl = `${proxyUrl.replace(/\/+$/, '')}/p/${provider}`;
+    const baseUrl = `${origin}/p/${provider}`;
+    const placeholder = p.placeholder ?? PLACEHOLDER;
     for (const cmd of p.commands) {
       // The schemas hold these rules; checked again where they become a file and a script,
       // so no caller can render what a catalog may not say.
       const badEnv = Object.keys(cmd.env).find((k) => envNameProblem(k) !== undefined);
       if (!COMMAND_NAME.test(cmd.name) || badEnv !== undefined) throw new Error(`provider ${provider}: a command or environment name breaks the catalog rules`);
-      // One `NAME='value'` word per line, for env(1): the name passed the catalog's
-      // rules (a plain upper-case name), the value is single-quoted, so the shell sees
-      // literal words and assigns none of its own variables.
-      const envWords = Object.entries(cmd.env)
-        .map(([k, v]) => ` \\\n  ${k}=${shQuote(v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(PLACEHOLDER))}`)
-        .join('');
+      const env = new Map<string, string>(Object.entries(cmd.env).map(([k, v]) => [k, v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(placeholder)]));
+      // TLS mode's own variables go last: a catalog cannot point them elsewhere.
+      if (p.mode === 'tls') for (const [k, v] of Object.entries(tlsModeEnv(origin, caBundle))) env.set(k, v);
+      // One `NAME='value'` word per line, for env(1): each name passed the catalog's rules
+      // or is the shim's own, each value is single-quoted, so the shell sees literal words
+      // and assigns none of its own variables.
+      const envWords = [...env].map(([k, v]) => ` \\\n  ${k}=${shQuote(v)}`).join('');
       const script = template
         .split('@NAME@')
         .join(cmd.name)

@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { handoffPaths } from '../data/handoff.js';
-import { SYSTEM_SHIM_DIR, stateLayout, type StateLayout } from '../data/state-layout.js';
+import { defaultCaBundle, SYSTEM_SHIM_DIR, stateLayout, type StateLayout } from '../data/state-layout.js';
 import { ALLOWED_COMMANDS_FILE } from '../data/allowed-commands.js';
 import type { PartsConfig, ShimTarget } from './build-parts.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from './defaults.js';
@@ -24,8 +24,9 @@ export function addApplyFlags(cmd: Command): Command {
 }
 
 /** Apply's config for a layout: watching, shims in `shimDir` pointing at `proxyUrl`. */
-export function applyConfig(layout: StateLayout, shims: ShimTarget, watch = true): NonNullable<PartsConfig['apply']> {
-  return { watch, rescanMs: 30_000, paths: handoffPaths(layout.handoff), layout, shims };
+/** `shims.caBundle` defaults to the state root's, where the cli-proxy of the same root writes it. */
+export function applyConfig(layout: StateLayout, shims: Omit<ShimTarget, 'caBundle'> & { caBundle?: string | undefined }, watch = true): NonNullable<PartsConfig['apply']> {
+  return { watch, rescanMs: 30_000, paths: handoffPaths(layout.handoff), layout, shims: { ...shims, caBundle: shims.caBundle ?? defaultCaBundle(layout.root) } };
 }
 
 export function applyPartsFrom(opts: Opts): PartsConfig {
@@ -36,7 +37,7 @@ export function applyPartsFrom(opts: Opts): PartsConfig {
   if (metrics && !opts.watch) errors.add('--metrics-listen needs --watch: a one-shot apply exits before anything could scrape it');
   errors.done();
   const shimDir = resolve(str(opts.shimDir) ?? defaultShimDir(layout.root));
-  const shims: ShimTarget = { dir: shimDir, proxyUrl: new URL(proxyUrl).origin, allowedCommandsFile: str(opts.allowedCommands) };
+  const shims = { dir: shimDir, proxyUrl: new URL(proxyUrl).origin, allowedCommandsFile: str(opts.allowedCommands) };
   return { apply: applyConfig(layout, shims, Boolean(opts.watch)), metrics };
 }
 

@@ -25,6 +25,8 @@ export interface ShimTarget {
   proxyUrl: string;
   /** The operator's allowed host tools (default /etc/agent-connectors/allowed-commands). */
   allowedCommandsFile?: string | undefined;
+  /** The CA bundle TLS-mode shims name, where the cli-proxy writes it. */
+  caBundle: string;
 }
 
 /**
@@ -131,7 +133,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
           allowedCommands: () => readAllowedCommands(shims.allowedCommandsFile ?? ALLOWED_COMMANDS_FILE),
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
-            const r = await installShims(catalog, shims.dir, proxyUrl);
+            const r = await installShims(catalog, shims.dir, proxyUrl, shims.caBundle);
             log.info({ dir: shims.dir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
           },
         },

@@ -9,6 +9,9 @@ import { installShims, shimDirRefusal } from '../../src/shims/install.js';
 import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
 
+/** Where base-url shims would find the CA bundle: these catalogs have no TLS provider. */
+const BUNDLE = '/var/lib/agent-connectors-ca/ca-bundle.pem';
+
 const PROTOTYPE = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../shims/shim.sh.in');
 
 const catalog = (commands: string[]): Catalog => ({
@@ -22,11 +25,11 @@ const catalog = (commands: string[]): Catalog => ({
 
 t.test('the sweep removes only shims it rendered: never the prototype, a copy of it, or a foreign file', async (t) => {
   const dir = tempDir('ac-shims-', t);
-  await installShims(catalog(['acme', 'acme-admin']), dir, 'http://127.0.0.1:14324');
+  await installShims(catalog(['acme', 'acme-admin']), dir, 'http://127.0.0.1:14324', BUNDLE);
   // What bricked installs: the prototype in the shim directory carries the marker too.
   cpSync(PROTOTYPE, join(dir, 'shim.sh.in'));
   writeFileSync(join(dir, 'notes'), '# agent-connectors-shim: someone else\n');
-  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324', BUNDLE);
   t.same(r.removed, ['acme-admin'], 'the command the catalog dropped');
   t.same(readdirSync(dir).sort(), ['acme', 'notes', 'shim.sh.in']);
   t.equal(readFileSync(join(dir, 'shim.sh.in'), 'utf8'), readFileSync(PROTOTYPE, 'utf8'), 'the prototype copy is intact');
@@ -34,13 +37,13 @@ t.test('the sweep removes only shims it rendered: never the prototype, a copy of
 
 t.test('a shim directory inside the installed package is refused with the reason and the default', async (t) => {
   const inside = resolve(fileURLToPath(new URL('.', import.meta.url)), '../../shims');
-  const err = await installShims(catalog(['acme']), inside, 'http://127.0.0.1:14324').catch((e: unknown) => e);
+  const err = await installShims(catalog(['acme']), inside, 'http://127.0.0.1:14324', BUNDLE).catch((e: unknown) => e);
   t.ok(err instanceof ConfigError, 'a ConfigError (exit 2)');
   t.match((err as Error).message, /inside the installed package.*an upgrade replaces.*\/var\/lib\/agent-connectors-shims/);
   t.ok(existsSync(join(inside, 'shim.sh.in')), 'the prototype is untouched');
   t.notOk(existsSync(join(inside, 'acme')), 'nothing was written there');
   const nested = join(inside, 'sub');
-  const err2 = await installShims(catalog(['acme']), nested, 'http://127.0.0.1:14324').catch((e: unknown) => e);
+  const err2 = await installShims(catalog(['acme']), nested, 'http://127.0.0.1:14324', BUNDLE).catch((e: unknown) => e);
   t.ok(err2 instanceof ConfigError, 'a directory below it too');
 });
 
@@ -77,14 +80,14 @@ t.test("installShims writes into a checkout's own state directory (what dev does
   const root = resolve(fileURLToPath(new URL('.', import.meta.url)), '../..');
   const dir = join(root, `.state-${process.pid}`, 'shims');
   t.teardown(() => rmSync(dirname(dir), { recursive: true, force: true }));
-  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324', BUNDLE);
   t.same(r.written, ['acme']);
   t.equal(statSync(join(dir, 'acme')).mode & 0o777, 0o755);
 });
 
 t.test('the sweep removes a dot-named shim an older release rendered, and every other dot entry but directories', async (t) => {
   const dir = tempDir('ac-shims-', t);
-  await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324', BUNDLE);
   // What an older release wrote for a catalog command named `.profile`.
   const old = readFileSync(join(dir, 'acme'), 'utf8').replace('agent-connectors-shim: acme (provider', 'agent-connectors-shim: .profile (provider');
   writeFileSync(join(dir, '.profile'), old, { mode: 0o755 });
@@ -95,7 +98,7 @@ t.test('the sweep removes a dot-named shim an older release rendered, and every 
   const temp = `.acme.${process.pid}.0123456789ab.tmp`;
   writeFileSync(join(dir, temp), '');
   writeFileSync(join(dir, 'operator-tool'), '#!/bin/sh\necho mine\n', { mode: 0o755 });
-  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324');
+  const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324', BUNDLE);
   t.same(r.removed.sort(), ['.bashrc', '.link', '.profile']);
   t.same(readdirSync(dir).sort(), ['.keepdir', temp, 'acme', 'operator-tool'].sort(), 'a directory, a live temp file and a foreign non-dot file stay');
 });

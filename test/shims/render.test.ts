@@ -7,6 +7,8 @@ import { PLACEHOLDER, renderShims, SHIM_MARKER, shQuote } from '../../src/shims/
 import { tempDir } from '../support/temp-dir.js';
 
 /** Values a catalog may hold that sh or String.replace would otherwise interpret. */
+/** Where base-url shims would find the CA bundle: unused by them, named by every caller. */
+const B = '/opt/ca/ca-bundle.pem';
 const TRICKY = `it's $(id) \`id\` \${HOME} \\ "q" * ; $$ $& $' x`;
 
 function catalog(env: Record<string, string>, shimNames = ['fx']): Catalog {
@@ -27,7 +29,7 @@ t.test('shQuote: single quotes, an embedded quote closed and escaped', async (t)
 });
 
 t.test('one shim per command, marked as ours on line 2, naming command and provider', async (t) => {
-  const shims = renderShims(catalog({}, ['fx', 'fy']), '/opt/shims', 'http://127.0.0.1:4000/');
+  const shims = renderShims(catalog({}, ['fx', 'fy']), '/opt/shims', 'http://127.0.0.1:4000/', B);
   t.same(
     shims.map((s) => [s.name, s.provider]),
     [
@@ -43,7 +45,7 @@ t.test('one shim per command, marked as ours on line 2, naming command and provi
 });
 
 t.test('{baseUrl} and {placeholder} are filled; nothing of the token file or injection is written', async (t) => {
-  const [shim] = renderShims(catalog({ BASE: '{baseUrl}/x', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000///');
+  const [shim] = renderShims(catalog({ BASE: '{baseUrl}/x', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000///', B);
   const script = shim?.script ?? '';
   t.match(script, "\n  BASE='http://127.0.0.1:4000/p/demo/x' \\\n");
   t.match(script, `\n  TOKEN='${PLACEHOLDER}' \\\n`);
@@ -59,7 +61,7 @@ t.test('a rendered shim runs the real command with the values verbatim (sh runs 
   mkdirSync(binDir);
   writeFileSync(join(binDir, 'fx'), '#!/bin/sh\nprintf "%s|%s|%s" "$TRICKY" "$BASE" "$*"\n', { mode: 0o755 });
   chmodSync(join(binDir, 'fx'), 0o755);
-  const [shim] = renderShims(catalog({ TRICKY, BASE: '{baseUrl}' }), shimDir, 'http://127.0.0.1:4000');
+  const [shim] = renderShims(catalog({ TRICKY, BASE: '{baseUrl}' }), shimDir, 'http://127.0.0.1:4000', B);
   writeFileSync(join(shimDir, 'fx'), shim?.script ?? '', { mode: 0o755 });
   const out = execFileSync('/bin/sh', [join(shimDir, 'fx'), 'a b', 'c'], {
     // The shim's own directory first: it must skip itself and find the real fx.
@@ -70,11 +72,11 @@ t.test('a rendered shim runs the real command with the values verbatim (sh runs 
 });
 
 t.test('the catalog environment goes to env(1) as quoted words on the exec line; the shell exports nothing', async (t) => {
-  const [shim] = renderShims(catalog({ BASE: '{baseUrl}', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000');
+  const [shim] = renderShims(catalog({ BASE: '{baseUrl}', TOKEN: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:4000', B);
   const script = shim?.script ?? '';
   t.notMatch(script, /^\s*export\b/m, 'no export');
   t.match(script, /\nexec \/usr\/bin\/env -- \\\n  BASE='[^']*' \\\n  TOKEN='[^']*' \\\n  "\$__ac_real" "\$@"\n$/, 'one exec, env words, then the real command and the arguments');
-  const [bare] = renderShims(catalog({}), '/opt/shims', 'http://127.0.0.1:4000');
+  const [bare] = renderShims(catalog({}), '/opt/shims', 'http://127.0.0.1:4000', B);
   t.match(bare?.script ?? '', /\nexec \/usr\/bin\/env -- "\$__ac_real" "\$@"\n$/, 'no environment: env with nothing to add');
   // Every shell variable of the shim carries the prefix no catalog name may have.
   const beforeExec = (shim?.script ?? '').split('\nexec ')[0] ?? '';
@@ -84,7 +86,31 @@ t.test('the catalog environment goes to env(1) as quoted words on the exec line;
 });
 
 t.test('the renderer refuses what the catalog rules refuse, whoever calls it', async (t) => {
-  t.throws(() => renderShims(catalog({ LD_PRELOAD: '/tmp/x.so' }), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
-  t.throws(() => renderShims(catalog({}, ['.profile']), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
-  t.throws(() => renderShims(catalog({ real: '/usr/bin/id' }), '/opt/shims', 'http://127.0.0.1:4000'), /catalog rules/);
+  t.throws(() => renderShims(catalog({ LD_PRELOAD: '/tmp/x.so' }), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+  t.throws(() => renderShims(catalog({}, ['.profile']), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+  t.throws(() => renderShims(catalog({ real: '/usr/bin/id' }), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+});
+
+t.test('a tls provider\'s shim: HTTPS_PROXY and every CA bundle variable, its own placeholder', async (t) => {
+  const tls: Catalog = {
+    gh: {
+      mode: 'tls',
+      hosts: ['api.github.com'],
+      tokenFile: '/var/lib/agent-connectors/cli-proxy/gh.token',
+      inject: { type: 'header', name: 'Authorization', value: 'token {token}' },
+      placeholder: 'ghp_agentconnectors000000000000000000000',
+      commands: [{ name: 'gh', env: { GH_TOKEN: '{placeholder}' } }],
+    },
+  };
+  const [shim] = renderShims(tls, '/opt/shims', 'http://127.0.0.1:14324/', '/opt/ca/ca-bundle.pem');
+  const script = shim?.script ?? '';
+  t.match(script, `  GH_TOKEN='ghp_agentconnectors000000000000000000000' \\\n`);
+  for (const v of ['HTTPS_PROXY', 'https_proxy']) t.match(script, `  ${v}='http://127.0.0.1:14324' \\\n`);
+  for (const v of ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE']) {
+    t.match(script, `  ${v}='/opt/ca/ca-bundle.pem' \\\n`, v);
+  }
+  t.throws(() => renderShims(catalog({ SSL_CERT_FILE: '/tmp/evil.pem' }), '/opt/shims', 'http://127.0.0.1:14324', B), /catalog rules/, 'a catalog cannot name the bundle itself');
+  const [plain] = renderShims(catalog({ T: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:14324', B);
+  t.notMatch(plain?.script ?? '', 'HTTPS_PROXY', 'a base-url provider\'s shim sets no proxy');
+  t.match(plain?.script ?? '', `T='${PLACEHOLDER}'`, 'and keeps the fixed placeholder');
 });
