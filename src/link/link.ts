@@ -34,12 +34,14 @@ export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
   const client = new GatewayClient(config.gatewayUrl);
   const linkLog = log.child({ part: 'link' });
   const credential = new HostCredential(config.credentialPath, client, linkLog);
-  const services = [createRenewalService(config.renewal, credential)];
+  let onPruned: () => void = () => undefined;
+  const pruned = new Promise<void>((resolve) => (onPruned = resolve));
+  const services = [createRenewalService(config.renewal, credential, { onPruned })];
   const enrolled = config.enrolled;
   if (enrolled) {
     const presence = createPresence(enrolled.presence, credential);
     const onPoll = recordLinkStatus(enrolled.poller.handoffDir, credential, linkLog);
-    services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll }, credential), presence.service);
+    services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll, startAfter: pruned }, credential), presence.service);
     handOffRevocation(enrolled.poller.handoffDir, credential, linkLog);
     if (enrolled.audit) services.push(createAuditUpload(enrolled.audit, credential));
   }

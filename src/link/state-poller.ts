@@ -26,6 +26,8 @@ export interface StatePollerConfig {
   onHandedOver?: (version: number) => void;
   /** Told how each poll ended (link-status.json for doctor). */
   onPoll?: (event: PollEvent) => void;
+  /** Not a poll before this settles: renewal forgets the slots retired while no link ran, before a state can bring them back. */
+  startAfter?: Promise<void>;
   /** Link state and last sync (`--metrics-listen`). */
   metrics?: LinkMetrics | undefined;
 }
@@ -88,6 +90,7 @@ export function createStatePoller(config: StatePollerConfig, credential: HostCre
     async run({ signal, log, onReload }) {
       const paths = handoffPaths(config.handoffDir);
       await mkdir(paths.root, { recursive: true });
+      if (config.startAfter) await Promise.race([config.startAfter, new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }))]);
       // A revoked host's next enrolment starts from nothing (the state of the old one may be left by a race).
       let after = existsSync(hostRevokedPath(paths.root)) ? 0 : await handedOverVersion(paths.desiredState);
       log.info({ version: after }, 'state poller started from the handed-over version');
