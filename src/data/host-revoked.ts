@@ -1,8 +1,9 @@
-import { lstat, unlink } from 'node:fs/promises';
+import { lstat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { atomicWrite } from '../fs/atomic-write.js';
 import { readBoundedRegularFile } from '../fs/bounded-read.js';
+import { deleteFile } from '../fs/delete-file.js';
 import { DESIRED_STATE_FILE } from './desired-state.js';
 import { parseJsonWith } from './parse.js';
 import { rfc3339Schema } from './renew-wire.js';
@@ -58,23 +59,13 @@ export async function writeHostRevoked(handoffRoot: string, by: HostRevoked['by'
   const path = hostRevokedPath(handoffRoot);
   const exists = await lstat(path).then(() => true, () => false);
   if (!exists) await atomicWrite(path, `${JSON.stringify({ at: new Date(now).toISOString(), by })}\n`, { mode: 0o640 });
-  await unlinkIfPresent(join(handoffRoot, DESIRED_STATE_FILE));
+  await deleteFile(join(handoffRoot, DESIRED_STATE_FILE));
   return !exists;
 }
 
 /** `enroll`: a new credential ends the revocation; a desired state left from the old enrolment goes too. Returns whether there was one. */
 export async function clearHostRevoked(handoffRoot: string): Promise<boolean> {
-  const had = await unlinkIfPresent(hostRevokedPath(handoffRoot));
-  if (had) await unlinkIfPresent(join(handoffRoot, DESIRED_STATE_FILE));
+  const had = await deleteFile(hostRevokedPath(handoffRoot));
+  if (had) await deleteFile(join(handoffRoot, DESIRED_STATE_FILE));
   return had;
-}
-
-async function unlinkIfPresent(path: string): Promise<boolean> {
-  try {
-    await unlink(path);
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
-  }
 }
