@@ -196,7 +196,7 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   const revoked = await readHostRevoked(o.handoffDir);
   if (revoked) {
     const why = revoked.by === 'gateway' ? 'the Gateway refused its credential (401): the host was removed in the platform' : revoked.by === 'unenroll' ? 'agent-connectors unenroll' : 'a revocation marker apply could not read';
-    out.problem(HOST_REVOKED, 'enrolment', `access ended for the whole host at ${revoked.at} (${why}): every token file and shim was deleted; it serves nothing until it is enrolled again`, 'agent-connectors enroll --gateway URL --force (with a new pairing code from the platform)');
+    out.problem(HOST_REVOKED, 'revocation', `access ended for the whole host at ${revoked.at} (${why}): every token file and shim was deleted; it serves nothing until it is enrolled again`, 'agent-connectors enroll --gateway URL --force (with a new pairing code from the platform)');
   }
 
   const managed = (await readEnrolment(credential)).enrolled;

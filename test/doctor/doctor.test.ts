@@ -286,7 +286,7 @@ test('a revoked host (host-revoked.json in the hand-off): host_revoked, with enr
   writeFileSync(marker, JSON.stringify({ at: new Date().toISOString(), by: 'gateway' }));
   const run = await doctor(baseArgs(fx));
   tt.equal(run.code, 1);
-  const f = findProblem(tt, run, 'enrolment', /access ended for the whole host .*401/);
+  const f = findProblem(tt, run, 'revocation', /access ended for the whole host .*401/);
   tt.equal(f?.code, 'host_revoked');
   tt.match(f?.fix ?? '', /^agent-connectors enroll --gateway URL --force/);
   rmSync(marker);
