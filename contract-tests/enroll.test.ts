@@ -194,7 +194,7 @@ t.test('unenroll stops the link and removes the credential; a second run has not
   t.notOk(existsSync(s.credential));
   t.notOk(existsSync(s.linkEnv));
   t.ok(s.systemctlCalls().includes('stop agent-connectors-link.service'));
-  t.match(r.stdout, /operator-managed again/);
+  t.match(r.stdout, /serves no binding or provider until it is enrolled again/);
   const again = await cli(['unenroll', '--credential', s.credential], { env: s.env });
   t.equal(again.code, 0);
   t.match(again.stdout, /not enrolled/);

@@ -39,7 +39,7 @@ export interface HostWorld {
   instanceToken: (id: string) => string;
   providerToken: (name: string) => string;
   /** `unit`: link.env as the environment, as the unit loads it; `credential-only`: nothing but the files enroll wrote. */
-  startLink: (env?: NodeJS.ProcessEnv, how?: 'unit' | 'credential-only') => CliProc;
+  startLink: (env?: NodeJS.ProcessEnv, how?: 'unit' | 'credential-only', extraArgs?: string[]) => CliProc;
   startApply: (env?: NodeJS.ProcessEnv) => CliProc;
 }
 
@@ -49,8 +49,8 @@ export interface HostWorldOptions extends MockHostGatewayOptions {
 }
 
 /** Runs `enroll` with the code on stdin (no systemd: the test starts the link itself). */
-async function enroll(gw: MockHostGateway, credential: string, code: string): Promise<void> {
-  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, 'enroll', '--gateway', gw.url, '--credential', credential], {
+export async function enroll(gw: MockHostGateway, credential: string, code: string, extra: string[] = []): Promise<CliProc> {
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, 'enroll', '--gateway', gw.url, '--credential', credential, ...extra], {
     env: { ...process.env, NOTIFY_SOCKET: '', AGENT_CONNECTORS_TEST_HOOKS: 'systemd:absent' },
     stdio: ['pipe', 'pipe', 'pipe'],
   });
@@ -59,9 +59,10 @@ async function enroll(gw: MockHostGateway, credential: string, code: string): Pr
   child.stdin.end(`${code}\n`);
   const exit = await within(proc.exited, 20_000, 'enroll');
   if (exit.code !== 0) throw new Error(`enroll failed (${exit.code ?? exit.signal}):\n${proc.lines.join('\n')}`);
+  return proc;
 }
 
-function parseEnvFile(path: string): Record<string, string> {
+export function parseEnvFile(path: string): Record<string, string> {
   const out: Record<string, string> = {};
   for (const line of readFileSync(path, 'utf8').split('\n')) {
     const m = /^([A-Z_]+)=(.*)$/.exec(line);
@@ -111,7 +112,7 @@ export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Pro
   const linkEnv = parseEnvFile(join(root, 'etc', 'link.env'));
 
   const closedHealth = 'http://127.0.0.1:9/healthz';
-  const startLink = (env: NodeJS.ProcessEnv = {}, how: 'unit' | 'credential-only' = 'unit'): CliProc => {
+  const startLink = (env: NodeJS.ProcessEnv = {}, how: 'unit' | 'credential-only' = 'unit', extraArgs: string[] = []): CliProc => {
     const proc = startCli(
       [
         'link',
@@ -127,6 +128,7 @@ export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Pro
         '--forwarder-health', fwd ? `${fwd.base}/healthz` : closedHealth,
         '--cli-proxy-health', cli ? `${cli.base}/healthz` : closedHealth,
         '--log-level', 'trace',
+        ...extraArgs,
       ],
       // As the unit loads it: link.env is an EnvironmentFile, the credential a path.
       how === 'unit' ? { ...linkEnv, ...env } : env,

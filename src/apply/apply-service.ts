@@ -6,12 +6,14 @@ import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { existsSync } from 'node:fs';
+import { HOST_REVOKED_FILE, hostRevokedPath } from '../data/host-revoked.js';
 import type { StateLayout } from '../data/state-layout.js';
 import type { TokenLayout } from '../data/token-path.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 import { applyInbox, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
+import { revokeIfMarked } from './revoke.js';
 import { tokenTargets } from './token-targets.js';
 
 export interface ApplyConfig {
@@ -23,7 +25,7 @@ export interface ApplyConfig {
    * Where the registry and the catalog are (flags may move them) and the default token
    * files (whose directories are checked writable at start).
    */
-  layout: Pick<StateLayout, 'instances' | 'providers' | 'forwarderDir' | 'cliProxyDir'> & TokenLayout;
+  layout: Pick<StateLayout, 'instances' | 'providers' | 'forwarderDir' | 'cliProxyDir'> & Partial<Pick<StateLayout, 'audit'>> & TokenLayout;
   /**
    * Reconcile of `<handoff>/desired-state.json` (SPEC §8), with the shim renderer
    * (injected by the CLI). Without it, or without the file, apply does only what it
@@ -81,11 +83,15 @@ export function createApplyService(config: ApplyConfig): Service {
           if (config.reconcile && (stateDirty || Date.now() - lastStateCheck >= config.rescanMs)) {
             stateDirty = false;
             lastStateCheck = Date.now();
-            await reconcileDesiredState({ ...config.reconcile, layout: config.layout, local, paths, log, signal, memo });
+            // Access ended for the whole host: the empty state, whatever desired-state.json says.
+            const revoked = await revokeIfMarked({ ...config.reconcile, layout: config.layout, local, paths, log, signal, tokenDirs: defaultTokenDirs(config.layout), auditDir: config.layout.audit });
+            if (revoked.kind === 'absent') await reconcileDesiredState({ ...config.reconcile, layout: config.layout, local, paths, log, signal, memo });
+            // What was handled before the revocation may come back (the same state after a new enrolment).
+            else delete memo.lastDigest;
           }
           const stats = await applyInbox({
             ...deps,
-            managed: config.reconcile !== undefined && existsSync(paths.desiredState),
+            managed: config.reconcile !== undefined && (existsSync(paths.desiredState) || existsSync(hostRevokedPath(paths.root))),
             // A new desired state ends the pass between two files: the loop runs again at
             // once (the watch woke it), reconciles, then takes the rest of the inbox.
             interrupt: config.reconcile ? () => stateDirty : undefined,
@@ -118,13 +124,13 @@ export function createApplyService(config: ApplyConfig): Service {
         () => wakeLoop?.(),
         (err) => log.warn({ err: { message: err.message } }, 'watching inbox/ failed; falling back to periodic scans'),
       );
-      // The link renames desired-state.json into the hand-off root; only that name wakes us
-      // (apply's own applied-state.json and lock files live there too).
-      const stateName = basename(paths.desiredState);
+      // The link renames desired-state.json (or host-revoked.json) into the hand-off root;
+      // only those names wake us (apply's own applied-state.json and lock files live there too).
+      const stateNames = new Set([basename(paths.desiredState), HOST_REVOKED_FILE]);
       const unwatchRoot = watchDir(
         paths.root,
         (name) => {
-          if (name !== undefined && name !== stateName) return;
+          if (name !== undefined && !stateNames.has(name)) return;
           stateDirty = true;
           wakeLoop?.();
         },

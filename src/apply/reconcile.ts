@@ -125,7 +125,7 @@ export type ReconcileOutcome =
  * busy without holding thousands of open files.
  */
 const SLOT_WRITES_IN_FLIGHT = 16;
-async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Promise<unknown>): Promise<void> {
+export async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Promise<unknown>): Promise<void> {
   let next = 0;
   const worker = async (): Promise<void> => {
     while (next < items.length) await fn(items[next++]!);
@@ -133,7 +133,7 @@ async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Promise<u
   await Promise.all(Array.from({ length: Math.min(SLOT_WRITES_IN_FLIGHT, items.length) }, worker));
 }
 
-async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
+export async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
   const names = await readdir(paths.slots).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return [] as string[];
     throw err;
@@ -141,12 +141,12 @@ async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
   return new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
 }
 
-async function writeAppliedState(paths: HandoffPaths, state: AppliedState): Promise<void> {
+export async function writeAppliedState(paths: HandoffPaths, state: AppliedState): Promise<void> {
   await atomicWrite(appliedStatePath(paths.root), `${JSON.stringify(state)}\n`, { mode: 0o640 });
 }
 
 /** Writes the file and keeps what was written: the next token for a slot does not read it back. */
-async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise<void> {
+export async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise<void> {
   const dir = dirname(file.path);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   await sweepStaleTemps(dir, { target: basename(file.path) });

@@ -1,7 +1,7 @@
-import { unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { deleteFile } from '../fs/delete-file.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 
 export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
@@ -11,16 +11,7 @@ export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promis
   await atomicWrite(join(paths.slots, slotFileName(slot.slot)), `${JSON.stringify(slot)}\n`, { mode: 0o640 });
 }
 
-/** Deletes a file; gone already is fine. */
-export async function deleteFile(path: string): Promise<boolean> {
-  try {
-    await unlink(path);
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
-  }
-}
+export { deleteFile };
 
 /** `bind`: make the slot known to fetch (no token yet → renewed at once). Idempotent. */
 export async function ensureSlot(paths: HandoffPaths, slot: string): Promise<boolean> {

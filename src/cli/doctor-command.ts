@@ -1,5 +1,6 @@
 import { resolve } from 'node:path';
 import type { Command } from 'commander';
+import { AGENT_USERS_FILE } from '../data/agent-users.js';
 import { DEFAULT_CREDENTIAL_PATH } from '../link/enroll.js';
 import { version } from '../version.js';
 import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from '../wiring/defaults.js';
@@ -22,9 +23,10 @@ export function registerDoctorCommand(program: Command): void {
       .description('check users, modes, secrets, ports, units and token freshness, and on an enrolled host the link, versions and drift; print how to fix each problem'),
   )
     .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
+    .option('--agent-users-file <file>', "the proxies' agent-users file: missing or naming nobody (every agent refused) is a problem", AGENT_USERS_FILE)
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
     .option('--json', 'print one JSON document (format agent-connectors.doctor/1: checks, codes, summary)')
-    .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
+    .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; agentUsersFile: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
       // Loaded when doctor runs: `status` shares these options and needs none of the checks.
       const [{ diagnose }, { doctorReport }] = await Promise.all([import('../doctor/doctor.js'), import('../doctor/report.js')]);
       const layout = layoutFrom(opts);
@@ -33,6 +35,7 @@ export function registerDoctorCommand(program: Command): void {
         stateDir: layout.root,
         handoffDir: layout.handoff,
         agentUser: opts.agentUser,
+        agentUsersFile: resolve(opts.agentUsersFile),
         forwarderUrl: opts.forwarderUrl,
         cliProxyUrl: opts.cliProxyUrl,
         credentialPath: resolve(opts.credential),

@@ -7,7 +7,7 @@ import { DEFAULT_CREDENTIAL_PATH, enroll, unenroll } from '../link/enroll.js';
 import { adoptOldPrivateState } from '../link/private-state.js';
 import { readPairingCode } from '../link/pairing-code.js';
 import { version } from '../version.js';
-import { loggerFrom, parseOption, positiveInt } from '../wiring/options.js';
+import { layoutFrom, loggerFrom, parseOption, positiveInt } from '../wiring/options.js';
 import { addLinkFlags, linkPartsFrom } from '../wiring/link-part.js';
 
 /** `link` and `renew fetch`: renewals, plus the state poller, presence and audit upload when enrolled. */
@@ -42,8 +42,9 @@ export function registerLinkCommands(program: Command): void {
     .option('--credential <file>', 'where to store the host credential (0600); link.env goes beside it', DEFAULT_CREDENTIAL_PATH)
     .option('--force', 'enrol again a host that is already enrolled (replaces its credential)')
     .option('--attempts <n>', 'tries on 429, 5xx and network errors, all with one requestId', '6')
+    .option('--handoff <dir>', 'the hand-off directory apply watches: a revocation left there by unenroll or a 401 is lifted (default: <state>/handoff)')
     .addHelpText('after', '\nThe pairing code is never an argument (every local user can read argv):\n  sudo agent-connectors enroll --gateway https://gw.example.com        (prompts)\n  sudo agent-connectors enroll --gateway https://gw.example.com < code.txt\nExit codes: 0 enrolled, 1 enrolment failed (the message says why and what to do), 2 usage.\n')
-    .action(async (opts: { gateway: string; credential: string; force?: boolean; attempts: string }) => {
+    .action(async (opts: { gateway: string; credential: string; force?: boolean; attempts: string; handoff?: string }) => {
       const gatewayUrl = parseOption(upstreamUrlSchema, opts.gateway, '--gateway');
       await enroll({
         gatewayUrl,
@@ -53,15 +54,17 @@ export function registerLinkCommands(program: Command): void {
         hostname: hostname(),
         version,
         attempts: parseOption(positiveInt, opts.attempts, '--attempts'),
+        handoffDir: layoutFrom(opts).handoff,
         say,
       });
     });
 
   program
     .command('unenroll')
-    .description('stop the link and remove the host credential; the host becomes operator-managed again')
+    .description('stop the link, have apply delete every token file and shim (the host serves nothing until enrolled again) and remove the host credential')
     .option('--credential <file>', 'the host credential file enroll wrote', DEFAULT_CREDENTIAL_PATH)
-    .action(async (opts: { credential: string }) => {
-      await unenroll({ credentialPath: resolve(opts.credential), say });
+    .option('--handoff <dir>', 'the hand-off directory apply watches (default: <state>/handoff)')
+    .action(async (opts: { credential: string; handoff?: string }) => {
+      await unenroll({ credentialPath: resolve(opts.credential), handoffDir: layoutFrom(opts).handoff, say });
     });
 }

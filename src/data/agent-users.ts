@@ -1,3 +1,4 @@
+import { readFile, stat } from 'node:fs/promises';
 import { z } from 'zod';
 import type { ParseResult } from './parse.js';
 
@@ -48,4 +49,26 @@ export function renderAgentUsers(existing: string | undefined, add: readonly str
   const missing = add.filter((u) => !present.has(u));
   if (missing.length === 0) return base;
   return `${base}${base.endsWith('\n') || base === '' ? '' : '\n'}${missing.map((u) => `${u}\n`).join('')}`;
+}
+
+/** Far above any real list of users; a larger file is not one. */
+const MAX_AGENT_USERS_BYTES = 1024 * 1024;
+
+/**
+ * Whether the file lets any agent in: `missing` or `empty` (no entry) means every agent gets
+ * 403, the likeliest first-install mistake; `invalid` means the proxies keep their last good
+ * list (none at their start). `ok` says nothing of whether the names exist.
+ */
+export type AgentUsersHealth = 'ok' | 'missing' | 'empty' | 'invalid';
+
+export async function agentUsersHealth(path: string): Promise<AgentUsersHealth> {
+  // stat, not lstat: the operator may keep the file elsewhere behind a symlink.
+  const st = await stat(path).catch(() => undefined);
+  if (!st) return 'missing';
+  if (!st.isFile() || st.size > MAX_AGENT_USERS_BYTES) return 'invalid';
+  const text = await readFile(path, 'utf8').catch(() => undefined);
+  if (text === undefined) return 'invalid';
+  const parsed = parseAgentUsers(text.slice(0, MAX_AGENT_USERS_BYTES));
+  if (!parsed.ok) return 'invalid';
+  return parsed.value.length === 0 ? 'empty' : 'ok';
 }

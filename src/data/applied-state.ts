@@ -1,6 +1,7 @@
 import { join } from 'node:path';
 import { z } from 'zod';
 import { readBoundedRegularFile } from '../fs/bounded-read.js';
+import { hostRevokedSchema } from './host-revoked.js';
 import { parseJsonWith } from './parse.js';
 import { rfc3339Schema } from './renew-wire.js';
 
@@ -16,6 +17,11 @@ export const appliedStateSchema = z.strictObject({
   appliedAt: rfc3339Schema.nullable(),
   /** The newest version apply refused, and why (never a value from the file). */
   rejected: z.strictObject({ version: z.number().int().min(0).nullable(), error: z.string().max(1000), at: rfc3339Schema }).optional(),
+  /**
+   * The host-revoked marker (data/host-revoked.ts) apply acted on: the empty state is in
+   * force (version 0, so a new enrolment's first state applies whatever its version).
+   */
+  hostRevoked: hostRevokedSchema.optional(),
 });
 
 export type AppliedState = z.infer<typeof appliedStateSchema>;

@@ -1,3 +1,4 @@
+import type { AgentUsersHealth } from './agent-users.js';
 import type { AppliedState } from './applied-state.js';
 
 /**
@@ -16,6 +17,12 @@ export function partProblem(part: string, health: PartHealth): string | undefine
 export const STATE_REJECTED = 'state_rejected';
 export const SLOT_FILE_INVALID = 'slot_file_invalid';
 export const CREDENTIAL_UNUSABLE = 'credential_unusable';
+/** The agent-users file is missing or names nobody: every agent gets 403 from both proxies. */
+export const AGENT_USERS_EMPTY = 'agent_users_empty';
+/** The agent-users file does not parse: the proxies keep their last good list (none, at their start). */
+export const AGENT_USERS_INVALID = 'agent_users_invalid';
+/** doctor only: access ended for the whole host (a 401 to its credential, or unenroll); it serves nothing until enrolled again. */
+export const HOST_REVOKED = 'host_revoked';
 /** doctor only: the audit spool is at its bound, so each CLI call drops the oldest event. */
 export const AUDIT_SPOOL_FULL = 'audit_spool_full';
 /** doctor only: events wait and nothing reached the Gateway for longer than a backoff could explain. */
@@ -34,10 +41,18 @@ export function presenceProblems(input: {
   applied: AppliedState | undefined;
   slotFileErrors: number;
   credentialUsable: boolean;
+  /** Undefined: not checked. */
+  agentUsers?: AgentUsersHealth | undefined;
 }): string[] {
   const problems = Object.entries(input.parts).flatMap(([part, health]) => partProblem(part, health) ?? []);
   if (rejectionPending(input.applied)) problems.push(STATE_REJECTED);
   if (input.slotFileErrors > 0) problems.push(SLOT_FILE_INVALID);
   if (!input.credentialUsable) problems.push(CREDENTIAL_UNUSABLE);
+  const users = agentUsersProblem(input.agentUsers);
+  if (users) problems.push(users);
   return problems;
+}
+
+export function agentUsersProblem(health: AgentUsersHealth | undefined): string | undefined {
+  return health === 'missing' || health === 'empty' ? AGENT_USERS_EMPTY : health === 'invalid' ? AGENT_USERS_INVALID : undefined;
 }

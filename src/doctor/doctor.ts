@@ -6,7 +6,9 @@ import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
 import { APPLY_UNIT, LINK_UNIT, SERVICE_UNITS, unitStem } from '../data/unit-names.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
-import { partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
+import { agentUsersHealth } from '../data/agent-users.js';
+import { readHostRevoked } from '../data/host-revoked.js';
+import { agentUsersProblem, HOST_REVOKED, partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
 import { auditChecks } from './audit-checks.js';
 import { Findings, type Finding } from './finding.js';
 import { linkChecks, readEnrolment, reapplyFix, type LinkFacts } from './link-checks.js';
@@ -19,6 +21,8 @@ export interface DoctorOptions {
   handoffDir: string;
   /** The user AI agents run as: must not be able to read any secret. */
   agentUser?: string;
+  /** The proxies' agent-users file: missing or empty (every agent gets 403) is a problem. Undefined: not checked. */
+  agentUsersFile?: string;
   forwarderUrl: string;
   cliProxyUrl: string;
   systemd: boolean;
@@ -186,6 +190,15 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
     }
   }
 
+  // 4b. who may use the proxies at all: the likeliest first-install mistake leaves nobody.
+  if (o.agentUsersFile !== undefined) await agentUsersCheck(o.agentUsersFile, o.agentUser, out);
+  // 4c. access ended for the whole host: apply deleted everything and keeps it so.
+  const revoked = await readHostRevoked(o.handoffDir);
+  if (revoked) {
+    const why = revoked.by === 'gateway' ? 'the Gateway refused its credential (401): the host was removed in the platform' : revoked.by === 'unenroll' ? 'agent-connectors unenroll' : 'a revocation marker apply could not read';
+    out.problem(HOST_REVOKED, 'revocation', `access ended for the whole host at ${revoked.at} (${why}): every token file and shim was deleted; it serves nothing until it is enrolled again`, 'agent-connectors enroll --gateway URL --force (with a new pairing code from the platform)');
+  }
+
   const managed = (await readEnrolment(credential)).enrolled;
   // 5. token freshness from slot files; every binding and provider needs one, or fetch never renews it
   const { slots, errors } = await readSlots(handoff);
@@ -227,4 +240,17 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   // 9. the native_cli audit spool: its directory, its depth, and whether it drains
   await auditChecks({ dir: layout.audit, now, uid: service?.uid, gid: renewGid, enrolled: link.enrolment.enrolled, link: link.link }, out);
   return { findings: out.list, link };
+}
+
+async function agentUsersCheck(file: string, agentUser: string | undefined, out: Findings): Promise<void> {
+  const health = await agentUsersHealth(file);
+  const code = agentUsersProblem(health);
+  if (code === undefined) return out.ok('agent users', `${file} names who may use the proxies`);
+  if (health === 'invalid') return out.problem(code, 'agent users', `${file} is not one user name or UID per line: the proxies keep their last good list (none at their start)`, `edit ${file} (the proxies re-read it by themselves)`);
+  out.problem(
+    code,
+    'agent users',
+    `${file} ${health === 'missing' ? 'does not exist' : 'names no user'}: every agent gets 403 from both proxies`,
+    `echo ${agentUser ?? '<the user your agents run as>'} >> ${file} (the proxies re-read it by themselves)`,
+  );
 }

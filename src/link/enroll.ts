@@ -7,7 +7,10 @@ import { z } from 'zod';
 import { LINK_ENV_GATEWAY, LINK_ENV_HOST_ID, linkEnvPath } from '../data/link-env.js';
 import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
 import { parseJsonWith } from '../data/parse.js';
-import { LINK_UNIT } from '../data/unit-names.js';
+import { APPLY_UNIT, LINK_UNIT } from '../data/unit-names.js';
+import { readAppliedState } from '../data/applied-state.js';
+import { clearHostRevoked, hostRevokedPath, readHostRevoked, writeHostRevoked } from '../data/host-revoked.js';
+import { watchDir } from '../fs/dir-watch.js';
 import { ConfigError, EnrollError } from '../errors.js';
 import { atomicWrite, checkWritableDir } from '../fs/atomic-write.js';
 import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
@@ -68,6 +71,8 @@ export interface EnrollOptions {
   readCode: () => Promise<string>;
   hostname: string;
   version: string;
+  /** The hand-off directory: a host revocation there (data/host-revoked.ts) is lifted once the new credential is stored. */
+  handoffDir?: string;
   /** Tries on 429, 5xx, network errors and invalid answers, all with one requestId. */
   attempts: number;
   backoff?: BackoffOptions;
@@ -269,6 +274,8 @@ export async function enroll(options: EnrollOptions): Promise<EnrollResult> {
     { mode: 0o644, owner: ownerRoot() },
   );
   await unlink(files.pending).catch(() => undefined);
+  // A new credential ends a revocation: the first desired state brings everything back.
+  if (options.handoffDir !== undefined && (await clearHostRevoked(options.handoffDir))) say('the earlier revocation is lifted: the first desired state brings the bindings and providers back');
   say(`enrolled as host ${answer.hostId} at ${gatewayUrl}; credential in ${files.credential} (0600), Gateway URL in ${files.env}`);
   // link reads the Gateway URL and host id from link.env beside the credential.
   const link = await restartLink(systemd, say, `agent-connectors link --credential ${files.credential}`);
@@ -277,14 +284,20 @@ export async function enroll(options: EnrollOptions): Promise<EnrollResult> {
 
 export interface UnenrollOptions {
   credentialPath: string;
+  /** The hand-off directory apply watches: the revocation goes there (skipped when it does not exist). */
+  handoffDir?: string;
+  /** How long to wait for apply to have deleted every token file and shim (0: do not wait). */
+  waitMs?: number;
   systemd?: Systemd;
   say: (line: string) => void;
 }
 
 /**
- * Stops the link (where systemd runs it) and removes what enroll stored. The host goes
- * back to operator-managed files; the Gateway still knows the host until it is removed in
- * the platform, which is what revokes the credential there.
+ * Stops the link (where systemd runs it), hands apply the revocation (every token file and
+ * shim deleted, registry and catalog emptied, every slot retired: the host serves nothing
+ * until it is enrolled again; data/host-revoked.ts) and removes what enroll stored. The
+ * Gateway still knows the host until it is removed in the platform, which is what revokes
+ * the credential there.
  */
 export async function unenroll(options: UnenrollOptions): Promise<{ removed: boolean }> {
   const { say } = options;
@@ -298,8 +311,43 @@ export async function unenroll(options: UnenrollOptions): Promise<{ removed: boo
     const stopped = await systemd.systemctl(['stop', LINK_UNIT]).catch(() => ({ exitCode: 1, stdout: '' }));
     say(stopped.exitCode === 0 ? `stopped ${LINK_UNIT}` : `could not stop ${LINK_UNIT} (systemctl exit ${stopped.exitCode}); stop it: systemctl stop ${LINK_UNIT}`);
   }
+  const revoked = options.handoffDir !== undefined && existsSync(options.handoffDir) ? await revokeThroughApply(options.handoffDir, options.waitMs ?? 10_000, say) : false;
   const removed: string[] = [];
   for (const path of [files.credential, files.env, files.pending]) if (await removeIfPresent(path)) removed.push(path);
-  say(`unenrolled: removed ${removed.join(', ')}; this host is operator-managed again. Remove it in the platform too, so the Gateway forgets its credential.`);
+  say(
+    `unenrolled: removed ${removed.join(', ')}; this host serves no binding or provider until it is enrolled again${revoked ? '' : ' (no hand-off directory: nothing for apply to remove)'}. Remove it in the platform too, so the Gateway forgets its credential.`,
+  );
   return { removed: true };
+}
+
+/** Writes the revocation for apply and waits (bounded) until apply says it acted on it. */
+async function revokeThroughApply(handoffDir: string, waitMs: number, say: (line: string) => void): Promise<boolean> {
+  await writeHostRevoked(handoffDir, 'unenroll');
+  const marker = await readHostRevoked(handoffDir);
+  const done = async (): Promise<boolean> => {
+    const applied = await readAppliedState(handoffDir);
+    return applied?.hostRevoked !== undefined && applied.hostRevoked.at === marker?.at;
+  };
+  if (waitMs > 0 && !(await done())) {
+    let wake: () => void = () => undefined;
+    // A watch error leaves the bounded re-check below.
+    const unwatch = watchDir(handoffDir, () => wake(), () => undefined);
+    const deadline = Date.now() + waitMs;
+    try {
+      while (Date.now() < deadline && !(await done())) {
+        await new Promise<void>((r) => {
+          wake = r;
+          setTimeout(r, Math.min(500, Math.max(0, deadline - Date.now())));
+        });
+      }
+    } finally {
+      unwatch();
+    }
+  }
+  say(
+    (await done())
+      ? 'apply deleted every token file and shim, emptied the registry and the catalog and retired every slot'
+      : `apply has not acted yet (is ${APPLY_UNIT} running?): it deletes every token file and shim as soon as it runs (${hostRevokedPath(handoffDir)})`,
+  );
+  return true;
 }

@@ -1,3 +1,4 @@
+import { writeHostRevoked } from '../data/host-revoked.js';
 import type { Logger } from '../log/logger.js';
 import type { Service } from '../service/service.js';
 import { createAuditUpload, type AuditUploadConfig } from './audit-upload.js';
@@ -33,15 +34,34 @@ export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
   const client = new GatewayClient(config.gatewayUrl);
   const linkLog = log.child({ part: 'link' });
   const credential = new HostCredential(config.credentialPath, client, linkLog);
-  const services = [createRenewalService(config.renewal, credential)];
+  let onPruned: () => void = () => undefined;
+  const pruned = new Promise<void>((resolve) => (onPruned = resolve));
+  const services = [createRenewalService(config.renewal, credential, { onPruned })];
   const enrolled = config.enrolled;
   if (enrolled) {
     const presence = createPresence(enrolled.presence, credential);
     const onPoll = recordLinkStatus(enrolled.poller.handoffDir, credential, linkLog);
-    services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll }, credential), presence.service);
+    services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll, startAfter: pruned }, credential), presence.service);
+    handOffRevocation(enrolled.poller.handoffDir, credential, linkLog);
     if (enrolled.audit) services.push(createAuditUpload(enrolled.audit, credential));
   }
   return closingAfterLast(client, services);
+}
+
+/**
+ * A 401 to the host credential means the host was removed in the platform: the link halts
+ * (it never polls with a dead credential) and hands apply the revocation, which deletes
+ * every token file and shim (data/host-revoked.ts). The link writes no state itself.
+ * Only an enrolled host: an operator-managed one keeps its files (and its tokens expire).
+ */
+function handOffRevocation(handoffDir: string, credential: HostCredential, log: Logger): void {
+  credential.onChange(() => {
+    if (!credential.halted) return;
+    writeHostRevoked(handoffDir, 'gateway').then(
+      (wrote) => wrote && log.warn('host revocation handed to apply: every token file and shim will be deleted'),
+      (err: unknown) => log.error({ err: { message: (err as Error).message } }, 'could not hand the host revocation to apply; run: sudo agent-connectors unenroll'),
+    );
+  });
 }
 
 /** The client's connections close once the last part using it has stopped. */

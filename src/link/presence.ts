@@ -1,5 +1,6 @@
 import { basename } from 'node:path';
 import { Agent } from 'undici';
+import { agentUsersHealth } from '../data/agent-users.js';
 import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { SlotCache, type SlotListing } from '../data/slot-cache.js';
@@ -27,6 +28,8 @@ export interface PresenceConfig {
   healthTimeoutMs: number;
   /** For the report's answer from the Gateway. */
   requestTimeoutMs: number;
+  /** The proxies' agent-users file: missing or empty is a problem (every agent gets 403). Undefined: not checked. */
+  agentUsersFile?: string | undefined;
   /** Jitter source, [0, 1). */
   rand?: () => number;
 }
@@ -68,7 +71,8 @@ export async function buildPresence(
   const { slots, errors } = slotListing ? await slotListing() : await readSlots(paths);
   const parts: Record<string, PartHealth> = {};
   for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal);
-  const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable });
+  const agentUsers = config.agentUsersFile === undefined ? undefined : await agentUsersHealth(config.agentUsersFile);
+  const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable, agentUsers });
   return presenceSchema.parse({
     hostId: config.hostId,
     version: config.version,

@@ -1,6 +1,8 @@
+import { existsSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { desiredStateVersion, MAX_STATE_BYTES } from '../data/desired-state.js';
 import { handoffPaths } from '../data/handoff.js';
+import { hostRevokedPath } from '../data/host-revoked.js';
 import { STATE_PATH, STATE_POLL_MAX_MS } from '../data/link-wire.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 import type { LinkMetrics } from '../metrics/link-metrics.js';
@@ -24,6 +26,8 @@ export interface StatePollerConfig {
   onHandedOver?: (version: number) => void;
   /** Told how each poll ended (link-status.json for doctor). */
   onPoll?: (event: PollEvent) => void;
+  /** Not a poll before this settles: renewal forgets the slots retired while no link ran, before a state can bring them back. */
+  startAfter?: Promise<void>;
   /** Link state and last sync (`--metrics-listen`). */
   metrics?: LinkMetrics | undefined;
 }
@@ -86,13 +90,18 @@ export function createStatePoller(config: StatePollerConfig, credential: HostCre
     async run({ signal, log, onReload }) {
       const paths = handoffPaths(config.handoffDir);
       await mkdir(paths.root, { recursive: true });
-      let after = await handedOverVersion(paths.desiredState);
+      if (config.startAfter) await Promise.race([config.startAfter, new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }))]);
+      // A revoked host's next enrolment starts from nothing (the state of the old one may be left by a race).
+      let after = existsSync(hostRevokedPath(paths.root)) ? 0 : await handedOverVersion(paths.desiredState);
       log.info({ version: after }, 'state poller started from the handed-over version');
       let attempt = 0;
       let unusableLogged = false;
 
       const step = async (): Promise<number> => {
         const read = credential.read();
+        // The next credential may be a new enrolment, whose first state must come at once
+        // whatever its version (the Gateway holds a poll whose `after` is its current one).
+        if (read.kind !== 'ok') after = 0;
         if (read.kind === 'halted') {
           config.metrics?.state('halted');
           return config.credentialRecheckMs;
@@ -125,9 +134,15 @@ export function createStatePoller(config: StatePollerConfig, credential: HostCre
             config.onPoll?.({ kind: 'answered' });
             return 0;
           case 'halted':
+            after = 0;
             return config.credentialRecheckMs;
           case 'state':
             attempt = 0;
+            // Halted while the answer was read: the revocation wins, nothing is handed over.
+            if (credential.halted) {
+              after = 0;
+              return config.credentialRecheckMs;
+            }
             await atomicWrite(paths.desiredState, outcome.text, { mode: 0o640 });
             crashPoint('link-after-desired-state-write');
             log.info({ version: outcome.version, previous: after }, 'desired state handed over to apply');

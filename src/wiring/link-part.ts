@@ -1,5 +1,6 @@
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
+import { AGENT_USERS_FILE } from '../data/agent-users.js';
 import { upstreamUrlSchema } from '../data/fields.js';
 import { handoffPaths } from '../data/handoff.js';
 import { LINK_ENV_GATEWAY, LINK_ENV_HOST_ID, readLinkEnv } from '../data/link-env.js';
@@ -36,6 +37,7 @@ export function addLinkFlags(cmd: Command): Command {
     .option('--presence-interval-ms <n>', 'regular presence report (jittered ±10 %)', String(defaultPresenceConfig.intervalMs))
     .option('--forwarder-health <url>', "the forwarder's /healthz (loopback)", `http://${DEFAULT_FORWARDER_LISTEN}/healthz`)
     .option('--cli-proxy-health <url>', "the cli-proxy's /healthz (loopback)", `http://${DEFAULT_CLI_PROXY_LISTEN}/healthz`)
+    .option('--agent-users-file <file>', "the proxies' agent-users file: missing or empty (every agent refused) is a presence problem", AGENT_USERS_FILE)
     .option('--audit-dir <dir>', 'the native_cli audit spool the cli-proxy writes (default: <state>/audit)')
     .option('--no-audit', 'do not upload native_cli audit events')
     .option('--audit-min-gap-ms <n>', 'least time between two audit uploads (a burst goes up as one batch)', String(defaultAuditUploadConfig.minGapMs))
@@ -74,7 +76,7 @@ export function linkConfig(identity: LinkIdentity, tuning: Partial<LinkTuning> =
         ? undefined
         : {
             poller: { handoffDir, pollTimeoutMs: t.pollTimeoutMs, backoff: t.linkBackoff, credentialRecheckMs: t.credentialRecheckMs },
-            presence: { ...defaultPresenceConfig, handoffDir, hostId: identity.hostId, version, intervalMs: t.presenceIntervalMs, health: t.health },
+            presence: { ...defaultPresenceConfig, handoffDir, hostId: identity.hostId, version, intervalMs: t.presenceIntervalMs, health: t.health, agentUsersFile: t.agentUsersFile },
             audit: t.audit
               ? { ...defaultAuditUploadConfig, dir: identity.auditDir ?? layout.audit, backoff: t.linkBackoff, minGapMs: t.auditMinGapMs, credentialRecheckMs: t.credentialRecheckMs }
               : undefined,
@@ -93,6 +95,8 @@ export interface LinkTuning {
   credentialRecheckMs: number;
   presenceIntervalMs: number;
   health: Record<string, string>;
+  /** The proxies' agent-users file, checked for presence; undefined (dev): not checked. */
+  agentUsersFile: string | undefined;
   audit: boolean;
   auditMinGapMs: number;
 }
@@ -107,6 +111,7 @@ export const defaultLinkTuning: LinkTuning = {
   credentialRecheckMs: defaultStatePollerConfig.credentialRecheckMs,
   presenceIntervalMs: defaultPresenceConfig.intervalMs,
   health: { forwarder: `http://${DEFAULT_FORWARDER_LISTEN}/healthz`, 'cli-proxy': `http://${DEFAULT_CLI_PROXY_LISTEN}/healthz` },
+  agentUsersFile: undefined,
   audit: true,
   auditMinGapMs: defaultAuditUploadConfig.minGapMs,
 };
@@ -150,6 +155,7 @@ export async function linkPartsFrom(opts: Opts, env: NodeJS.ProcessEnv = process
       forwarder: errors.parse(loopbackHttpUrl, opts.forwarderHealth, '--forwarder-health', ''),
       'cli-proxy': errors.parse(loopbackHttpUrl, opts.cliProxyHealth, '--cli-proxy-health', ''),
     },
+    agentUsersFile: str(opts.agentUsersFile) ? resolve(str(opts.agentUsersFile) as string) : undefined,
     audit: opts.audit !== false,
     auditMinGapMs: int('--audit-min-gap-ms', opts.auditMinGapMs, d.auditMinGapMs),
   };

@@ -145,6 +145,8 @@ function buildFixture(ids: Ids): Fixture {
   const slotFile = join(slots, 'instance:inst-a.json');
   writeOwned(slotFile, slotJson('instance:inst-a'), 0o640, ids.ac, ids.renew);
   writeOwned(join(slots, 'cli:notion.json'), slotJson('cli:notion'), 0o640, ids.ac, ids.renew);
+  // The proxies' agent-users file, as install writes it.
+  writeFileSync(join(base, 'agent-users'), `# agents\n${AGENT}\n`, { mode: 0o644 });
   t.teardown(() => rmSync(base, { recursive: true, force: true }));
   return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile, audit };
 }
@@ -213,7 +215,7 @@ let healthy: Fixture | undefined;
 
 function baseArgs(fx: Fixture, extra: string[] = []): string[] {
   // A credential path of the fixture's own, which does not exist: never enrolled, whatever this machine has in /etc.
-  return ['--state-dir', fx.stateDir, '--credential', join(fx.base, 'host-credential'), '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
+  return ['--state-dir', fx.stateDir, '--credential', join(fx.base, 'host-credential'), '--agent-users-file', join(fx.base, 'agent-users'), '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
 }
 
 /** One problem finding for `check` whose detail matches `detail`, with a fix; fails loudly otherwise. */
@@ -258,6 +260,37 @@ test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   tt.equal(text.code, 0);
   tt.match(text.stdout, /no problems\n$/, 'text output ends with "no problems"');
   tt.notMatch(text.stdout, /FAIL/);
+});
+
+test('agent-users file missing or naming nobody (every agent gets 403): a problem with its fix; fixed, no problem', async (tt) => {
+  const fx = buildFixture(ids);
+  const file = join(fx.base, 'agent-users');
+  for (const [how, prepare] of [
+    ['missing', () => rmSync(file)],
+    ['only comments', () => writeFileSync(file, '# nobody yet\n\n')],
+  ] as const) {
+    prepare();
+    const run = await doctor(baseArgs(fx));
+    tt.equal(run.code, 1, `${how}: exit 1`);
+    const f = findProblem(tt, run, 'agent users', /every agent gets 403/);
+    tt.equal(f?.code, 'agent_users_empty', `${how}: code agent_users_empty`);
+    tt.equal(f?.fix, `echo ${AGENT} >> ${file} (the proxies re-read it by themselves)`, `${how}: the fix names the agent user`);
+  }
+  writeFileSync(file, `${AGENT}\n`, { flag: 'a' });
+  tt.same(problems(await doctor(baseArgs(fx))), [], 'after the fix: no problem');
+});
+
+test('a revoked host (host-revoked.json in the hand-off): host_revoked, with enroll as the fix', async (tt) => {
+  const fx = buildFixture(ids);
+  const marker = join(fx.handoff, 'host-revoked.json');
+  writeFileSync(marker, JSON.stringify({ at: new Date().toISOString(), by: 'gateway' }));
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1);
+  const f = findProblem(tt, run, 'revocation', /access ended for the whole host .*401/);
+  tt.equal(f?.code, 'host_revoked');
+  tt.match(f?.fix ?? '', /^agent-connectors enroll --gateway URL --force/);
+  rmSync(marker);
+  tt.same(problems(await doctor(baseArgs(fx))), [], 'enrolled again (no marker): no problem');
 });
 
 test('token file mode 0644 inside the protected state dir: tokens problem with chmod 600; nobody still cannot read it', async (tt) => {

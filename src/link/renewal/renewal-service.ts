@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { FetchIncompleteError } from '../../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../../fs/atomic-write.js';
@@ -10,7 +11,7 @@ import type { Service } from '../../service/service.js';
 import { RenewalState } from './renewal-state.js';
 import { renewSlot, type RenewDeps, type RenewOutcome } from './renew-slot.js';
 import type { HostCredential } from '../host-credential.js';
-import { handoffPaths, type SlotFile } from '../../data/handoff.js';
+import { handoffPaths, slotFileName, type SlotFile } from '../../data/handoff.js';
 import {
   afterCredentialChange,
   decide,
@@ -80,7 +81,7 @@ function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision:
  * the whole link, and a 401 elsewhere halts renewal); it never sees a token file, only the
  * hand-off directory and its private state.
  */
-export function createRenewalService(config: RenewalConfig, credential: HostCredential): Service {
+export function createRenewalService(config: RenewalConfig, credential: HostCredential, hooks: { onPruned?: () => void } = {}): Service {
   return {
     name: 'link-renewal',
     async run({ signal, log, notifier, onReload }) {
@@ -102,10 +103,22 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       let unsettled = 0;
       let unusableLogged = false;
 
+      // A record whose slot file is gone was retired while no link ran (a host revocation,
+      // unenroll): kept, the slot created again would look already delivered and wait out
+      // the old token's schedule. Pruned before the state poll starts (`onPruned`), which
+      // is what can bring the slot back.
+      for (const slot of await state.recorded()) if (!existsSync(join(paths.slots, slotFileName(slot)))) await state.forget(slot);
+      hooks.onPruned?.();
       // A resume after a halt (of any part of the link): the failures' backoff was possibly
       // the refused credential's doing, so it is forgotten.
       const offResume = credential.onChange(() => {
-        if (credential.halted) return;
+        if (credential.halted) {
+          // The refused credential's requestIds and deliveries mean nothing to the next one
+          // (a new enrolment), and apply deletes every slot of a revoked host.
+          slotStates.clear();
+          void state.recorded().then((slots) => Promise.all(slots.map((s) => state.forget(s))));
+          return;
+        }
         log.info('host credential changed; resuming renewals');
         for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
       });

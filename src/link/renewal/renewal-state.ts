@@ -1,4 +1,4 @@
-import { mkdir, readFile, unlink } from 'node:fs/promises';
+import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { atomicWrite } from '../../fs/atomic-write.js';
@@ -60,6 +60,12 @@ export class RenewalState {
   async forget(slot: string): Promise<void> {
     this.cache.delete(slot);
     await unlink(this.path(slot)).catch(() => undefined);
+  }
+
+  /** The slots with a record on disk. */
+  async recorded(): Promise<string[]> {
+    const names = await readdir(this.dir).catch(() => [] as string[]);
+    return names.flatMap((n) => (n.endsWith('.json') && !n.startsWith('.') && slotIdSchema.safeParse(n.slice(0, -5)).success ? [n.slice(0, -5)] : []));
   }
 
   async write(state: RenewalSlotState): Promise<void> {
