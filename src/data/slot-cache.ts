@@ -1,6 +1,7 @@
-import { readFile, readdir } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
+import { UnsafeFileError } from '../fs/bounded-read.js';
 import { join } from 'node:path';
-import { slotEntry, slotOfFileName, type HandoffPaths, type SlotFile } from './handoff.js';
+import { readSlotText, slotEntry, slotOfFileName, type HandoffPaths, type SlotFile } from './handoff.js';
 
 export interface SlotListing {
   slots: SlotFile[];
@@ -63,12 +64,18 @@ export class SlotCache {
 
   private async load(name: string): Promise<void> {
     if (!slotOfFileName(name)) return;
-    let text: string;
+    let text: string | undefined;
     try {
-      text = await readFile(join(this.paths.slots, name), 'utf8');
+      text = await readSlotText(join(this.paths.slots, name));
     } catch (err) {
-      // Gone means no file at all; a file unreadable for a moment keeps its last entry.
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.byFile.delete(name);
+      // A file unreadable for a moment keeps its last entry; one refused unread (a symlink,
+      // FIFO or oversized file) is not a slot file.
+      if (!(err instanceof UnsafeFileError)) return;
+      text = '';
+    }
+    if (text === undefined) {
+      // Gone means no file at all.
+      this.byFile.delete(name);
       return;
     }
     const entry = slotEntry(name, text);
