@@ -305,6 +305,11 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
       "link.env: its own lines, then every line of renew-fetch.env (a key link.env sets as a comment)",
     );
     tt.equal((await l.sh(`stat -c '%a %U' ${ETC}/link.env`)).trim(), '600 root', "link.env took renew-fetch.env's stricter mode");
+    tt.equal(
+      (await l.sh(`stat -c '%a %U %G' ${STATE}/handoff`)).trim(),
+      '3770 agent-connectors agent-connectors-renew',
+      "the hand-off root is sticky now (0.1.0's 2770 given the new mode by systemd-tmpfiles): the link cannot rename apply's directories",
+    );
     const linkPid = (await l.show(LINK, ['MainPID'])).MainPID ?? '';
     tt.equal((await l.exec(`tr '\\0' '\\n' < /proc/${linkPid}/environ | grep -x AGENT_CONNECTORS_LAB_MARK=from-renew-fetch`)).code, 0, "the link runs with renew-fetch.env's setting, now from link.env");
     const health = (await (await fetch(`http://127.0.0.1:${FORWARDER_PORT}/healthz`)).json()) as { version?: string; instances?: number };

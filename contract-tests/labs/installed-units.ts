@@ -154,11 +154,11 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       `${STATE} 750 ${SVC} agent-connectors-renew`,
       `${STATE}/mcp-forwarder 700 ${SVC} ${SVC}`,
       `${STATE}/cli-proxy 700 ${SVC} ${SVC}`,
-      `${STATE}/handoff 2770 ${SVC} agent-connectors-renew`,
+      `${STATE}/handoff 3770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/inbox 2770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/slots 2770 ${SVC} agent-connectors-renew`,
       `/var/lib/agent-connectors-shims 755 ${SVC} ${SVC}`,
-    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group, the shim directory 0755 outside the state root');
+    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group (the root sticky: 3770), the shim directory 0755 outside the state root');
     // A provider catalog and its token for cli-proxy, written by root as an operator would.
     const catalog = JSON.stringify({
       labcli: {
@@ -271,6 +271,18 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.same([state.ActiveState, state.SubState, state.NRestarts], ['active', 'running', '0'], 'apply keeps running, never restarted');
     tt.equal((await lab.sh(`stat -c '%a %U' ${TOKEN_FILE}`)).trim(), `600 ${SVC}`, 'token file: 0600 agent-connectors');
     tt.equal((await lab.sh(`ls -A ${STATE}/handoff/inbox`)).trim(), '', 'the inbox is empty again');
+  });
+
+  await step("as the link's UID: its own files in the sticky hand-off root replaced, apply's directories not renamed away", async (tt) => {
+    const asLink = (script: string): string => `setpriv --reuid=${fetchUid} --regid=${renewGid} --clear-groups -- sh -c '${script}'`;
+    const own = await lab.exec(asLink(`cd ${STATE}/handoff && echo 1 > .probe.tmp && mv .probe.tmp probe && echo 2 > .probe.tmp && mv .probe.tmp probe && rm probe`));
+    tt.equal(own.code, 0, `the link writes and replaces its own file in the root (${own.stderr.trim()})`);
+    for (const dir of ['inbox', 'slots']) {
+      const swap = await lab.exec(asLink(`mv ${STATE}/handoff/${dir} ${STATE}/handoff/${dir}.moved`));
+      tt.not(swap.code, 0, `${dir}/ cannot be renamed away by the link`);
+      tt.match(swap.stderr, /Operation not permitted/, 'EPERM: the sticky bit');
+    }
+    tt.equal((await lab.sh(`stat -c '%F' ${STATE}/handoff/inbox ${STATE}/handoff/slots`)).trim(), 'directory\ndirectory', 'both still in place');
   });
 
   await step('watchdog: a stalled event loop ends in Result=watchdog and a restart', async (tt) => {

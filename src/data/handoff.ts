@@ -23,6 +23,14 @@ export interface HandoffPaths {
   desiredState: string;
 }
 
+/**
+ * The hand-off root's mode as tmpfiles.d makes it: group-writable for the link, setgid so
+ * its files keep the hand-off group, and sticky, so the link's group may add entries but
+ * not rename or remove apply's (inbox/, slots/, rejected/): without it a link could swap
+ * rejected/ for a symlink between apply's check and its rename into it.
+ */
+export const HANDOFF_ROOT_MODE = 0o3770;
+
 export function handoffPaths(root: string): HandoffPaths {
   return {
     root,
