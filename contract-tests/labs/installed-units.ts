@@ -195,6 +195,21 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.equal(parseLog(catalog)?.providers, 1, 'cli-proxy loaded the provider catalog');
   });
 
+  await step("each service runs under its unit's MemoryMax=, LimitNOFILE= and TasksMax= (docs/units.md, Resource limits)", async (tt) => {
+    const want: Record<string, { memory: string; nofile: string; tasks: string }> = {
+      [FORWARDER]: { memory: '1073741824', nofile: '16384', tasks: '64' },
+      [CLI_PROXY]: { memory: '1073741824', nofile: '16384', tasks: '64' },
+      [LINK]: { memory: '1073741824', nofile: '1024', tasks: '64' },
+      [APPLY]: { memory: '1073741824', nofile: '1024', tasks: '64' },
+    };
+    for (const [unit, w] of Object.entries(want)) {
+      const p = await lab.show(unit, ['MemoryMax', 'LimitNOFILE', 'TasksMax', 'MainPID']);
+      tt.same([p.MemoryMax, p.LimitNOFILE, p.TasksMax], [w.memory, w.nofile, w.tasks], `${unit}: MemoryMax=1G, LimitNOFILE=${w.nofile}, TasksMax=${w.tasks}`);
+      const limits = await lab.sh(`grep '^Max open files' /proc/${p.MainPID}/limits`);
+      tt.match(limits, new RegExp(`^Max open files\\s+${w.nofile}\\s+${w.nofile}\\s`), `${unit}: its process runs with ${w.nofile} descriptors, soft and hard`);
+    }
+  });
+
   let fetchUid = -1;
   await step('renew fetch runs as a dynamic UID with its credential', async (tt) => {
     const p = await lab.show(LINK, ['MainPID', 'DynamicUser']);
