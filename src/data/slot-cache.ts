@@ -1,5 +1,4 @@
 import { readdir } from 'node:fs/promises';
-import { UnsafeFileError } from '../fs/bounded-read.js';
 import { join } from 'node:path';
 import { readSlotText, slotEntry, slotOfFileName, type HandoffPaths, type SlotFile } from './handoff.js';
 
@@ -66,12 +65,11 @@ export class SlotCache {
     if (!slotOfFileName(name)) return;
     let text: string | undefined;
     try {
+      // Bounded, never through a symlink or a FIFO: the link's group can create entries here.
       text = await readSlotText(join(this.paths.slots, name));
-    } catch (err) {
-      // A file unreadable for a moment keeps its last entry; one refused unread (a symlink,
-      // FIFO or oversized file) is not a slot file.
-      if (!(err instanceof UnsafeFileError)) return;
-      text = '';
+    } catch {
+      // A file that cannot be read (for now, or refused unread) keeps its last entry.
+      return;
     }
     if (text === undefined) {
       // Gone means no file at all.
