@@ -233,7 +233,7 @@ t.test("(g) as the link's user: rejected/, inbox/ and slots/ cannot be swapped f
   const mark = r.apply.logs.length;
   const bad = 'instance:inst-bad.json';
   writeFileSync(join(r.inbox, bad), '#!/bin/sh\nid > /tmp/pwned\n', { mode: 0o755 });
-  await r.apply.waitForLog(aboutFile(bad), 10_000, mark);
+  await r.apply.waitForLog(aboutFile(bad), 30_000, mark);
   t.same(readdirSync(r.shimDir), [], 'nothing in the shim directory');
   t.ok(readdirSync(r.rejected).some((n) => n.startsWith(`${bad}.`)), 'the malformed file is in rejected/');
 });
