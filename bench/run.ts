@@ -14,6 +14,7 @@ import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
 import { runWatcherCost } from './watcher-cost.js';
+import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -24,6 +25,12 @@ async function main(): Promise<number> {
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
+  if (argv.includes('--limits')) {
+    installCleanup();
+    const r = await runUnitLimits((l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`${JSON.stringify(r, null, 2)}\n\n${limitsMarkdown(r)}\n`);
+    return 0;
+  }
   let opts;
   try {
     opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics' && a !== '--audit'));

@@ -1,18 +1,19 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { checkNoLeaks, knownSecrets, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
+import { ensureAgentUser, runAsAgent } from '../test/support/agent-user.js';
+import { checkNoLeaks, knownSecrets, REPO_ROOT, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
 import { within } from '../test/support/poll.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 
 /**
  * Issue 21, item 5: a compromised link cannot act outside the hand-off. The link owns
- * nothing of apply's, but its group may create and rename entries of the 2770 hand-off
- * root and of inbox/; this test plays that link against a real `renew apply --watch`:
- * a symlinked rejected/, a FIFO, a /dev/zero link and a huge file as desired-state.json,
+ * nothing of apply's, but its group may create entries in the hand-off root (the sticky
+ * bit keeps it from renaming apply's: (g)) and create and rename entries of inbox/; this
+ * test plays that link against a real `renew apply --watch`: a symlinked rejected/, a FIFO, a /dev/zero link and a huge file as desired-state.json,
  * symlinks and FIFOs in the inbox. apply must not follow, not block, not read unbounded,
  * and keep applying what is good.
  */
@@ -191,6 +192,50 @@ t.test('(f) an oversized inbox file is refused by its size', async (t) => {
   renameSync(tmp, join(r.inbox, name));
   const line = await r.apply.waitForLog(aboutFile(name), 10_000, mark);
   t.equal(line.reason, 'too-large', 'refused by its size, unread');
+});
+
+/**
+ * The hand-off root's mode as the package makes it: the `d` line of the shipped tmpfiles.d
+ * file (what postinst and `install` run systemd-tmpfiles on).
+ */
+function installedModes(): Map<string, number> {
+  const conf = readFileSync(join(REPO_ROOT, 'units', 'tmpfiles.d', 'agent-connectors.conf'), 'utf8');
+  const modes = new Map<string, number>();
+  for (const m of conf.matchAll(/^d\s+\/var\/lib\/agent-connectors\/(handoff(?:\/\w+)?)\s+([0-7]{3,4})\s/gm)) modes.set(m[1] ?? '', parseInt(m[2] ?? '', 8));
+  return modes;
+}
+
+t.test("(g) as the link's user: rejected/, inbox/ and slots/ cannot be swapped for a symlink in the hand-off root as installed", async (t) => {
+  const link = ensureAgentUser();
+  // The hand-off group, as the link holds it (a numeric gid: setpriv needs no group entry).
+  const handoffGid = 64_999;
+  const modes = installedModes();
+  const r = await rig(t, (b) => {
+    chmodSync(b.state, 0o755);
+    for (const [dir, path] of [['handoff', b.handoff], ['handoff/inbox', b.inbox], ['handoff/slots', join(b.handoff, 'slots')]] as const) {
+      chownSync(path, 0, handoffGid);
+      chmodSync(path, modes.get(dir) ?? 0);
+    }
+  });
+  t.ok(lstatSync(r.rejected).isDirectory(), 'apply made rejected/');
+  const asLink = (script: string) => runAsAgent({ ...link, gid: handoffGid }, script, { env: { PATH: '/usr/bin:/bin' }, cwd: r.handoff, timeoutMs: 10_000 });
+
+  const own = await asLink('echo 1 > .d.tmp && mv .d.tmp desired-state.json && echo 2 > .d.tmp && mv .d.tmp desired-state.json && rm desired-state.json');
+  t.equal(own.code, 0, `the link still writes and replaces its own files in the root (${own.stderr.trim()})`);
+
+  for (const dir of ['rejected', 'inbox', 'slots']) {
+    const swap = await asLink(`mv ${dir} ${dir}.old && ln -s ${r.shimDir} ${dir}`);
+    t.not(swap.code, 0, `${dir}/: the rename is refused`);
+    t.match(swap.stderr, /Operation not permitted/, 'EPERM (the sticky bit)');
+    t.notOk(lstatSync(join(r.handoff, dir)).isSymbolicLink(), `${dir}/ is still apply's directory`);
+  }
+  // What the swap was for: a malformed inbox file moved aside lands in rejected/, not the shim directory.
+  const mark = r.apply.logs.length;
+  const bad = 'instance:inst-bad.json';
+  writeFileSync(join(r.inbox, bad), '#!/bin/sh\nid > /tmp/pwned\n', { mode: 0o755 });
+  await r.apply.waitForLog(aboutFile(bad), 30_000, mark);
+  t.same(readdirSync(r.shimDir), [], 'nothing in the shim directory');
+  t.ok(readdirSync(r.rejected).some((n) => n.startsWith(`${bad}.`)), 'the malformed file is in rejected/');
 });
 
 checkNoLeaks(t);

@@ -43,6 +43,10 @@ export const USAGE = `usage: npm run bench -- [options]
                          off and on, alternating (a full run includes it; docs/metrics.md)
   --audit                only the audit cost: cli-proxy CPU and disk writes per request with
                          --no-audit and with the spool on, alternating (docs/audit.md)
+  --limits               only each part's RSS, fds and tasks, idle and under load (1 000
+                         streams and 100 callers per proxy; link and apply with 10 000
+                         bindings): what the units' MemoryMax=, LimitNOFILE=, TasksMax= are
+                         chosen from (docs/units.md)
   --reps N               repetitions (default 3)
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections

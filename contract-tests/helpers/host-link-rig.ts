@@ -46,6 +46,8 @@ export interface HostWorld {
 export interface HostWorldOptions extends MockHostGatewayOptions {
   /** Start a forwarder and a cli-proxy on apply's state root. */
   proxies?: boolean;
+  /** The /healthz URL the link asks for the forwarder's health (default: the forwarder's, or a closed port). */
+  forwarderHealth?: string;
 }
 
 /** Runs `enroll` with the code on stdin (no systemd: the test starts the link itself). */
@@ -89,7 +91,7 @@ function recordMinted(gw: MockHostGateway): Map<string, Set<string>> {
 }
 
 export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Promise<HostWorld> {
-  const { proxies, ...gwOptions } = options;
+  const { proxies, forwarderHealth, ...gwOptions } = options;
   const gw = await MockHostGateway.start({ longPollMs: 2_000, ...gwOptions });
   t.teardown(() => gw.close());
   const minted = recordMinted(gw);
@@ -125,7 +127,7 @@ export async function hostWorld(t: TapTest, options: HostWorldOptions = {}): Pro
         '--credential-recheck-ms', '200',
         '--presence-interval-ms', '2000',
         '--backoff-cap-ms', '1000',
-        '--forwarder-health', fwd ? `${fwd.base}/healthz` : closedHealth,
+        '--forwarder-health', forwarderHealth ?? (fwd ? `${fwd.base}/healthz` : closedHealth),
         '--cli-proxy-health', cli ? `${cli.base}/healthz` : closedHealth,
         '--log-level', 'trace',
         ...extraArgs,

@@ -282,6 +282,8 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     const kept = await keptState();
     const privateBefore = await privateState(`${OLD_LINK_STATE}/renew-fetch`);
     tt.match(privateBefore, /slots\//, `the old link keeps its requestIds in ${OLD_LINK_STATE}/renew-fetch`);
+    const linkUid = async (unit: string): Promise<string> => (await l.sh(`stat -c %u /proc/${(await l.show(unit, ['MainPID'])).MainPID ?? 0}`)).trim();
+    const uidBefore = await linkUid(OLD_LINK);
     const streams = streamsOpened();
     const out = await dpkg(`${dpkgI} ${debOf(V2)}`);
     tt.match(out, new RegExp(`Unpacking ${PKG} \\(${V2}\\) over \\(${V1}\\)`), 'dpkg upgraded');
@@ -305,6 +307,12 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
       "link.env: its own lines, then every line of renew-fetch.env (a key link.env sets as a comment)",
     );
     tt.equal((await l.sh(`stat -c '%a %U' ${ETC}/link.env`)).trim(), '600 root', "link.env took renew-fetch.env's stricter mode");
+    tt.equal(
+      (await l.sh(`stat -c '%a %U %G' ${STATE}/handoff`)).trim(),
+      '3770 agent-connectors agent-connectors-renew',
+      "the hand-off root is sticky now (0.1.0's 2770 given the new mode by systemd-tmpfiles): the link cannot rename apply's directories",
+    );
+    tt.equal(await linkUid(LINK), uidBefore, `the link kept its dynamic UID (${uidBefore}): it can still replace the files it wrote in the sticky root`);
     const linkPid = (await l.show(LINK, ['MainPID'])).MainPID ?? '';
     tt.equal((await l.exec(`tr '\\0' '\\n' < /proc/${linkPid}/environ | grep -x AGENT_CONNECTORS_LAB_MARK=from-renew-fetch`)).code, 0, "the link runs with renew-fetch.env's setting, now from link.env");
     const health = (await (await fetch(`http://127.0.0.1:${FORWARDER_PORT}/healthz`)).json()) as { version?: string; instances?: number };

@@ -154,11 +154,11 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
       `${STATE} 750 ${SVC} agent-connectors-renew`,
       `${STATE}/mcp-forwarder 700 ${SVC} ${SVC}`,
       `${STATE}/cli-proxy 700 ${SVC} ${SVC}`,
-      `${STATE}/handoff 2770 ${SVC} agent-connectors-renew`,
+      `${STATE}/handoff 3770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/inbox 2770 ${SVC} agent-connectors-renew`,
       `${STATE}/handoff/slots 2770 ${SVC} agent-connectors-renew`,
       `/var/lib/agent-connectors-shims 755 ${SVC} ${SVC}`,
-    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group, the shim directory 0755 outside the state root');
+    ], 'state root 0750, part dirs 0700, hand-off dirs 2770 with the renew group (the root sticky: 3770), the shim directory 0755 outside the state root');
     // A provider catalog and its token for cli-proxy, written by root as an operator would.
     const catalog = JSON.stringify({
       labcli: {
@@ -193,6 +193,21 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.match(await health.json(), { status: 'ok', instances: 0 }, '/healthz: ok, no instances yet');
     const catalog = await lab.waitJournal(CLI_PROXY, (l) => parseLog(l)?.msg === 'catalog loaded');
     tt.equal(parseLog(catalog)?.providers, 1, 'cli-proxy loaded the provider catalog');
+  });
+
+  await step("each service runs under its unit's MemoryMax=, LimitNOFILE= and TasksMax= (docs/units.md, Resource limits)", async (tt) => {
+    const want: Record<string, { memory: string; nofile: string; tasks: string }> = {
+      [FORWARDER]: { memory: '1073741824', nofile: '16384', tasks: '64' },
+      [CLI_PROXY]: { memory: '1073741824', nofile: '16384', tasks: '64' },
+      [LINK]: { memory: '1073741824', nofile: '1024', tasks: '64' },
+      [APPLY]: { memory: '1073741824', nofile: '1024', tasks: '64' },
+    };
+    for (const [unit, w] of Object.entries(want)) {
+      const p = await lab.show(unit, ['MemoryMax', 'LimitNOFILE', 'TasksMax', 'MainPID']);
+      tt.same([p.MemoryMax, p.LimitNOFILE, p.TasksMax], [w.memory, w.nofile, w.tasks], `${unit}: MemoryMax=1G, LimitNOFILE=${w.nofile}, TasksMax=${w.tasks}`);
+      const limits = await lab.sh(`grep '^Max open files' /proc/${p.MainPID}/limits`);
+      tt.match(limits, new RegExp(`^Max open files\\s+${w.nofile}\\s+${w.nofile}\\s`), `${unit}: its process runs with ${w.nofile} descriptors, soft and hard`);
+    }
   });
 
   let fetchUid = -1;
@@ -271,6 +286,18 @@ t.test('systemd lab: installed units under a real systemd', { skip: unlessMissin
     tt.same([state.ActiveState, state.SubState, state.NRestarts], ['active', 'running', '0'], 'apply keeps running, never restarted');
     tt.equal((await lab.sh(`stat -c '%a %U' ${TOKEN_FILE}`)).trim(), `600 ${SVC}`, 'token file: 0600 agent-connectors');
     tt.equal((await lab.sh(`ls -A ${STATE}/handoff/inbox`)).trim(), '', 'the inbox is empty again');
+  });
+
+  await step("as the link's UID: its own files in the sticky hand-off root replaced, apply's directories not renamed away", async (tt) => {
+    const asLink = (script: string): string => `setpriv --reuid=${fetchUid} --regid=${renewGid} --clear-groups -- sh -c '${script}'`;
+    const own = await lab.exec(asLink(`cd ${STATE}/handoff && echo 1 > .probe.tmp && mv .probe.tmp probe && echo 2 > .probe.tmp && mv .probe.tmp probe && rm probe`));
+    tt.equal(own.code, 0, `the link writes and replaces its own file in the root (${own.stderr.trim()})`);
+    for (const dir of ['inbox', 'slots']) {
+      const swap = await lab.exec(asLink(`mv ${STATE}/handoff/${dir} ${STATE}/handoff/${dir}.moved`));
+      tt.not(swap.code, 0, `${dir}/ cannot be renamed away by the link`);
+      tt.match(swap.stderr, /Operation not permitted/, 'EPERM: the sticky bit');
+    }
+    tt.equal((await lab.sh(`stat -c '%F' ${STATE}/handoff/inbox ${STATE}/handoff/slots`)).trim(), 'directory\ndirectory', 'both still in place');
   });
 
   await step('watchdog: a stalled event loop ends in Result=watchdog and a restart', async (tt) => {

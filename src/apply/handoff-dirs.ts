@@ -1,13 +1,15 @@
 import { mkdir, stat } from 'node:fs/promises';
-import type { HandoffPaths } from '../data/handoff.js';
+import { HANDOFF_ROOT_MODE, type HandoffPaths } from '../data/handoff.js';
 import { ensureOwnDir } from '../fs/own-dir.js';
 
 /**
- * The hand-off is shared with the link (its group may create and rename entries of the
- * 2770 root), and the link is assumed hostile: every directory apply writes into or moves
- * files into is apply's own, checked right before use. A `rejected` that is a symlink to
- * the shim directory would otherwise have apply move a file the link wrote into the
- * agents' PATH.
+ * The hand-off is shared with the link (its group may create entries in the root), and
+ * the link is assumed hostile: every directory apply writes into or moves files into is
+ * apply's own, checked right before use. A `rejected` that is a symlink to the shim
+ * directory would otherwise have apply move a file the link wrote into the agents' PATH.
+ * The root is sticky (HANDOFF_ROOT_MODE), so the link cannot rename apply's directories
+ * away once they are checked; the check still refuses what a link planted before apply
+ * made them, or a root an operator made without the sticky bit.
  *
  * Trusted owners: the hand-off root's owner (install's choice; the link cannot replace
  * the root, its parent is not the link's), the UID apply runs as, and root. The link's
@@ -26,7 +28,8 @@ export type HandoffDir = keyof typeof MODES;
 
 /** Creates the directory if missing and checks it is apply's (see `verifyOwnDir`); throws UnsafeDirError otherwise. */
 export async function ensureHandoffDir(paths: HandoffPaths, which: HandoffDir): Promise<void> {
-  // The root is install's (or made here on a host never installed: `bind` in a fresh state dir).
-  await mkdir(paths.root, { recursive: true, mode: 0o770 });
+  // The root is install's (or made here on a host never installed: `bind` in a fresh state
+  // dir), sticky as install makes it (mkdir keeps the sticky bit, not the setgid one).
+  await mkdir(paths.root, { recursive: true, mode: HANDOFF_ROOT_MODE & 0o1777 });
   await ensureOwnDir(paths[which], await handoffOwners(paths.root), MODES[which]);
 }

@@ -1,8 +1,9 @@
-import { readdir, readFile, unlink } from 'node:fs/promises';
+import { readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { providerNameSchema } from './catalog.js';
 import { rfc3339Schema } from './renew-wire.js';
+import { readBoundedText, UnsafeFileError } from '../fs/bounded-read.js';
 
 /**
  * The audit of native_cli calls (SPEC §9) and its on-disk spool, shared by the writer
@@ -21,6 +22,14 @@ import { rfc3339Schema } from './renew-wire.js';
  */
 
 export const AUDIT_PATH = '/v1/host/audit';
+
+/**
+ * Every file of the spool is a few hundred bytes. Two writers share the directory (the
+ * cli-proxy and the link's group), so each reads the other's files bounded and never
+ * through a FIFO or a symlink (fs/bounded-read.ts): neither can wedge or swell the other,
+ * nor doctor and status, which read it as root.
+ */
+export const MAX_AUDIT_FILE_BYTES = 16 * 1024;
 
 /** `rec.path` is capped at 200 characters by the cli-proxy; the schema holds it to that. */
 export const auditEventSchema = z.strictObject({
@@ -96,8 +105,8 @@ export interface AuditSpoolSummary {
 
 export async function readAuditSpool(dir: string): Promise<AuditSpoolSummary> {
   const names = await listAuditSpool(dir);
-  const bound = await readFile(join(dir, SPOOL_FILE), 'utf8')
-    .then((text) => spoolFileSchema.parse(JSON.parse(text)).maxEvents)
+  const bound = await readBoundedText(join(dir, SPOOL_FILE), MAX_AUDIT_FILE_BYTES)
+    .then((text) => spoolFileSchema.parse(JSON.parse(text ?? '')).maxEvents)
     .catch(() => undefined);
   const upload = await readUploadStatus(dir);
   const oldest = names[0];
@@ -113,7 +122,7 @@ export async function readAuditSpool(dir: string): Promise<AuditSpoolSummary> {
 
 export async function readUploadStatus(dir: string): Promise<UploadStatus | undefined> {
   try {
-    const parsed = uploadStatusSchema.safeParse(JSON.parse(await readFile(join(dir, UPLOAD_STATUS_FILE), 'utf8')));
+    const parsed = uploadStatusSchema.safeParse(JSON.parse((await readBoundedText(join(dir, UPLOAD_STATUS_FILE), MAX_AUDIT_FILE_BYTES)) ?? ''));
     return parsed.success ? parsed.data : undefined;
   } catch {
     return undefined;
@@ -144,13 +153,14 @@ export type SpooledEvent = { name: string; event: AuditEvent } | { name: string;
 
 /** Reads one spooled event; a file that vanished (dropped meanwhile) is undefined. */
 export async function readSpooledEvent(dir: string, name: string): Promise<SpooledEvent | undefined> {
-  let text: string;
+  let text: string | undefined;
   try {
-    text = await readFile(join(dir, name), 'utf8');
+    text = await readBoundedText(join(dir, name), MAX_AUDIT_FILE_BYTES);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    if (err instanceof UnsafeFileError) return { name, invalid: err.reason };
     throw err;
   }
+  if (text === undefined) return undefined;
   try {
     const parsed = auditEventSchema.safeParse(JSON.parse(text));
     return parsed.success ? { name, event: parsed.data } : { name, invalid: 'not an audit event' };
@@ -168,7 +178,7 @@ export async function removeSpooledEvent(dir: string, name: string): Promise<voi
 /** The writer's dropped counter; 0 when there is none yet (or it cannot be read). */
 export async function readDroppedCount(dir: string): Promise<number> {
   try {
-    const parsed = droppedFileSchema.safeParse(JSON.parse(await readFile(join(dir, DROPPED_FILE), 'utf8')));
+    const parsed = droppedFileSchema.safeParse(JSON.parse((await readBoundedText(join(dir, DROPPED_FILE), MAX_AUDIT_FILE_BYTES)) ?? ''));
     return parsed.success ? parsed.data.dropped : 0;
   } catch {
     return 0;

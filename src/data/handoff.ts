@@ -1,7 +1,7 @@
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { readBoundedRegularFile } from '../fs/bounded-read.js';
+import { readBoundedText } from '../fs/bounded-read.js';
 import { DESIRED_STATE_FILE } from './desired-state.js';
 import { parseJsonWith } from './parse.js';
 import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './renew-wire.js';
@@ -22,6 +22,14 @@ export interface HandoffPaths {
   rejected: string;
   desiredState: string;
 }
+
+/**
+ * The hand-off root's mode as tmpfiles.d makes it: group-writable for the link, setgid so
+ * its files keep the hand-off group, and sticky, so the link's group may add entries but
+ * not rename or remove apply's (inbox/, slots/, rejected/): without it a link could swap
+ * rejected/ for a symlink between apply's check and its rename into it.
+ */
+export const HANDOFF_ROOT_MODE = 0o3770;
 
 export function handoffPaths(root: string): HandoffPaths {
   return {
@@ -74,13 +82,8 @@ export const MAX_SLOT_FILE_BYTES = 16 * 1024;
  * A slot file's text: never through a symlink, never waiting on a FIFO, bounded (the
  * link, which may be hostile, can create entries in slots/). Undefined when absent.
  */
-async function readSlotText(path: string): Promise<string | undefined> {
-  try {
-    return (await readBoundedRegularFile(path, MAX_SLOT_FILE_BYTES)).text;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw err;
-  }
+export function readSlotText(path: string): Promise<string | undefined> {
+  return readBoundedText(path, MAX_SLOT_FILE_BYTES);
 }
 
 export function emptySlotFile(slot: string): SlotFile {

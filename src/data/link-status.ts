@@ -1,6 +1,6 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { readBoundedText } from '../fs/bounded-read.js';
 import { parseJsonWith } from './parse.js';
 import { rfc3339Schema } from './renew-wire.js';
 
@@ -69,6 +69,9 @@ export type LinkStatus = z.infer<typeof linkStatusSchema>;
 
 export const LINK_STATUS_FILE = 'link-status.json';
 
+/** The record is a few hundred bytes (its detail is capped at 500 characters). */
+const MAX_LINK_STATUS_BYTES = 16 * 1024;
+
 export function linkStatusPath(handoffRoot: string): string {
   return join(handoffRoot, LINK_STATUS_FILE);
 }
@@ -76,7 +79,8 @@ export function linkStatusPath(handoffRoot: string): string {
 export type LinkStatusRead = { kind: 'absent' } | { kind: 'invalid'; error: string } | { kind: 'ok'; status: LinkStatus };
 
 export async function readLinkStatus(handoffRoot: string): Promise<LinkStatusRead> {
-  const text = await readFile(linkStatusPath(handoffRoot), 'utf8').catch(() => undefined);
+  // Written by the link, read by doctor and status as root: bounded, never a FIFO (fs/bounded-read.ts).
+  const text = await readBoundedText(linkStatusPath(handoffRoot), MAX_LINK_STATUS_BYTES).catch(() => undefined);
   if (text === undefined) return { kind: 'absent' };
   const parsed = parseJsonWith(linkStatusSchema, text);
   return parsed.ok ? { kind: 'ok', status: parsed.value } : { kind: 'invalid', error: parsed.error };

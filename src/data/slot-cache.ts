@@ -1,6 +1,6 @@
-import { readFile, readdir } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { slotEntry, slotOfFileName, type HandoffPaths, type SlotFile } from './handoff.js';
+import { readSlotText, slotEntry, slotOfFileName, type HandoffPaths, type SlotFile } from './handoff.js';
 
 export interface SlotListing {
   slots: SlotFile[];
@@ -63,12 +63,17 @@ export class SlotCache {
 
   private async load(name: string): Promise<void> {
     if (!slotOfFileName(name)) return;
-    let text: string;
+    let text: string | undefined;
     try {
-      text = await readFile(join(this.paths.slots, name), 'utf8');
-    } catch (err) {
-      // Gone means no file at all; a file unreadable for a moment keeps its last entry.
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.byFile.delete(name);
+      // Bounded, never through a symlink or a FIFO: the link's group can create entries here.
+      text = await readSlotText(join(this.paths.slots, name));
+    } catch {
+      // A file that cannot be read (for now, or refused unread) keeps its last entry.
+      return;
+    }
+    if (text === undefined) {
+      // Gone means no file at all.
+      this.byFile.delete(name);
       return;
     }
     const entry = slotEntry(name, text);

@@ -5,7 +5,7 @@ import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
 import { stateLayout } from '../data/state-layout.js';
 import { APPLY_UNIT, LINK_UNIT, SERVICE_UNITS, unitStem } from '../data/unit-names.js';
-import { handoffPaths, readSlots } from '../data/handoff.js';
+import { HANDOFF_ROOT_MODE, handoffPaths, readSlots } from '../data/handoff.js';
 import { agentUsersHealth } from '../data/agent-users.js';
 import { readHostRevoked } from '../data/host-revoked.js';
 import { agentUsersProblem, HOST_REVOKED, partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
@@ -111,7 +111,8 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
     [o.stateDir, 0o750, 'agent-connectors', 'agent-connectors-renew'],
     [layout.forwarderDir, 0o700, 'agent-connectors', 'agent-connectors'],
     [layout.cliProxyDir, 0o700, 'agent-connectors', 'agent-connectors'],
-    [o.handoffDir, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
+    // Sticky: the link's group may add entries to the root but not rename apply's (handoff-dirs.ts).
+    [o.handoffDir, HANDOFF_ROOT_MODE, 'agent-connectors', 'agent-connectors-renew'],
     [handoff.inbox, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
     [handoff.slots, 0o2770, 'agent-connectors', 'agent-connectors-renew'],
   ];

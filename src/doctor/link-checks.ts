@@ -1,7 +1,7 @@
 import { lstat, readFile } from 'node:fs/promises';
 import { readAppliedState, appliedStatePath, type AppliedState } from '../data/applied-state.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
-import { parseDesiredState, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { MAX_STATE_BYTES, parseDesiredState, toLocalConfig, type DesiredState } from '../data/desired-state.js';
 import { handoffPaths } from '../data/handoff.js';
 import { readLinkEnv } from '../data/link-env.js';
 import { readLinkStatus, type LinkStatus } from '../data/link-status.js';
@@ -10,6 +10,7 @@ import { CREDENTIAL_UNUSABLE, rejectionPending, STATE_REJECTED } from '../data/p
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { StateLayout } from '../data/state-layout.js';
 import { APPLY_UNIT, LINK_UNIT } from '../data/unit-names.js';
+import { readBoundedText } from '../fs/bounded-read.js';
 import { processAlive } from '../fs/process-alive.js';
 import { ago, type Findings } from './finding.js';
 
@@ -49,7 +50,8 @@ export type Received = { kind: 'none' } | { kind: 'invalid'; version: number | n
 
 /** The desired state the link last handed over (`<handoff>/desired-state.json`). */
 export async function readReceived(handoffDir: string): Promise<Received> {
-  const text = await readFile(handoffPaths(handoffDir).desiredState, 'utf8').catch(() => undefined);
+  // The link's file, read as root: bounded by the state's own limit, never through a FIFO.
+  const text = await readBoundedText(handoffPaths(handoffDir).desiredState, MAX_STATE_BYTES).catch(() => undefined);
   if (text === undefined) return { kind: 'none' };
   const parsed = parseDesiredState(text);
   if (parsed.ok) return { kind: 'ok', state: parsed.value };

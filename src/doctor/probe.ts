@@ -1,28 +1,15 @@
 import { stat } from 'node:fs/promises';
 import { execa } from 'execa';
-import { request } from 'undici';
 import type { PartHealth } from '../data/problem-codes.js';
+import { probePartHealth } from '../http/health-probe.js';
 
 /**
- * How doctor and status look at the running parts. A part's health follows the rule
- * presence uses (link/presence.ts), so doctor's `forwarder_down` is presence's: 200 with
- * `status: ok` → ok, any other answer → degraded, no answer within 2 s → down.
+ * How doctor and status look at the running parts: by presence's rule
+ * (http/health-probe.ts), so doctor's `forwarder_down` is presence's. No answer, or none
+ * complete and within its bound in 2 s → down.
  */
 export async function probeHealth(baseUrl: string): Promise<{ health: PartHealth; said?: string }> {
-  try {
-    const res = await request(`${baseUrl}/healthz`, { headersTimeout: 2000, bodyTimeout: 2000 });
-    const text = await res.body.text();
-    let status: unknown;
-    try {
-      status = (JSON.parse(text) as { status?: unknown } | null)?.status;
-    } catch {
-      status = undefined;
-    }
-    if (res.statusCode === 200 && status === 'ok') return { health: 'ok' };
-    return { health: 'degraded', said: typeof status === 'string' ? status.slice(0, 40) : `status ${res.statusCode}` };
-  } catch {
-    return { health: 'down' };
-  }
+  return probePartHealth(`${baseUrl}/healthz`, { timeoutMs: 2000 });
 }
 
 /** Whether systemd is the init system here (sd_booted). */

@@ -72,3 +72,13 @@ export async function readBoundedRegularFile(path: string, maxBytes: number): Pr
     await fh.close();
   }
 }
+
+/** `readBoundedRegularFile`'s text, or undefined when the file does not exist. */
+export async function readBoundedText(path: string, maxBytes: number): Promise<string | undefined> {
+  try {
+    return (await readBoundedRegularFile(path, maxBytes)).text;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}

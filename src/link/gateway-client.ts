@@ -1,6 +1,7 @@
 import { Agent } from 'undici';
 import { linkUrl } from '../data/link-wire.js';
 import { parseRetryAfter } from '../net/backoff.js';
+import { BodyTooLargeError, readBodyBounded } from '../net/bounded-body.js';
 
 /**
  * Every call the host makes to the Gateway goes through one client (the way tailscale's
@@ -47,8 +48,6 @@ function networkCode(err: unknown, signal?: AbortSignal): string {
   return e.cause?.code ?? e.code ?? (signal?.aborted ? 'aborted' : 'network_error');
 }
 
-class OversizeError extends Error {}
-
 export class GatewayClient {
   readonly #agent: Agent;
 
@@ -85,20 +84,9 @@ export class GatewayClient {
       });
       status = res.statusCode;
       retryAfter = res.headers['retry-after'];
-      const chunks: Buffer[] = [];
-      let size = 0;
-      for await (const chunk of res.body) {
-        const buf = chunk as Buffer;
-        size += buf.length;
-        if (size > req.maxBodyBytes) {
-          res.body.destroy();
-          throw new OversizeError();
-        }
-        chunks.push(buf);
-      }
-      body = Buffer.concat(chunks).toString('utf8');
+      body = await readBodyBounded(res.body, req.maxBodyBytes);
     } catch (err) {
-      if (err instanceof OversizeError) return { kind: 'retry', cause: 'oversize', reason: `answer larger than ${req.maxBodyBytes} bytes` };
+      if (err instanceof BodyTooLargeError) return { kind: 'retry', cause: 'oversize', reason: `answer larger than ${req.maxBodyBytes} bytes` };
       const code = networkCode(err, req.signal);
       return { kind: 'retry', cause: 'network', reason: `network: ${code}`, code };
     }

@@ -5,6 +5,7 @@ import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
 import { SlotCache, type SlotListing } from '../data/slot-cache.js';
 import { watchDir } from '../fs/dir-watch.js';
+import { probePartHealth } from '../http/health-probe.js';
 import { PRESENCE_PATH, presenceSchema, type Presence } from '../data/link-wire.js';
 import { presenceProblems, type PartHealth } from '../data/problem-codes.js';
 import type { Logger } from '../log/logger.js';
@@ -36,22 +37,9 @@ export interface PresenceConfig {
 
 export const defaultPresenceConfig = { intervalMs: 60_000, minGapMs: 1_000, healthTimeoutMs: 2_000, requestTimeoutMs: 15_000 };
 
-/** The health of one part from its /healthz: 200 and status ok → ok; any other answer → degraded; no answer → down. */
-export async function partHealth(agent: Agent, url: string, signal: AbortSignal): Promise<PartHealth> {
-  try {
-    const u = new URL(url);
-    const res = await agent.request({ origin: u.origin, path: u.pathname + u.search, method: 'GET', signal });
-    const text = await res.body.text();
-    if (res.statusCode !== 200) return 'degraded';
-    try {
-      const body = JSON.parse(text) as { status?: unknown };
-      return body.status === 'ok' ? 'ok' : 'degraded';
-    } catch {
-      return 'degraded';
-    }
-  } catch {
-    return 'down';
-  }
+/** The health of one part from its /healthz (http/health-probe.ts): bounded in size and time, anything else is `down`. */
+export async function partHealth(agent: Agent, url: string, signal: AbortSignal, timeoutMs = defaultPresenceConfig.healthTimeoutMs): Promise<PartHealth> {
+  return (await probePartHealth(url, { agent, signal, timeoutMs })).health;
 }
 
 /**
@@ -70,7 +58,7 @@ export async function buildPresence(
   const applied = await readAppliedState(config.handoffDir);
   const { slots, errors } = slotListing ? await slotListing() : await readSlots(paths);
   const parts: Record<string, PartHealth> = {};
-  for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal);
+  for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal, config.healthTimeoutMs);
   const agentUsers = config.agentUsersFile === undefined ? undefined : await agentUsersHealth(config.agentUsersFile);
   const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable, agentUsers });
   return presenceSchema.parse({

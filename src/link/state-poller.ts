@@ -1,10 +1,11 @@
 import { existsSync } from 'node:fs';
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { desiredStateVersion, MAX_STATE_BYTES } from '../data/desired-state.js';
 import { handoffPaths } from '../data/handoff.js';
 import { hostRevokedPath } from '../data/host-revoked.js';
 import { STATE_PATH, STATE_POLL_MAX_MS } from '../data/link-wire.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { readBoundedText } from '../fs/bounded-read.js';
 import type { LinkMetrics } from '../metrics/link-metrics.js';
 import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
@@ -46,7 +47,7 @@ type PollOutcome =
 
 /** The version of the desired state already handed over, valid or not (0: none, or no usable version). */
 export async function handedOverVersion(path: string): Promise<number> {
-  const text = await readFile(path, 'utf8').catch(() => undefined);
+  const text = await readBoundedText(path, MAX_STATE_BYTES).catch(() => undefined);
   return text === undefined ? 0 : (desiredStateVersion(text) ?? 0);
 }
 

@@ -118,7 +118,7 @@ function buildFixture(ids: Ids): Fixture {
   dir(stateDir, 0o750, ids.ac, ids.renew);
   dir(fwdDir, 0o700, ids.ac, ids.acGroup);
   dir(cliDir, 0o700, ids.ac, ids.acGroup);
-  dir(handoff, 0o2770, ids.ac, ids.renew);
+  dir(handoff, 0o3770, ids.ac, ids.renew);
   dir(inbox, 0o2770, ids.ac, ids.renew);
   dir(slots, 0o2770, ids.ac, ids.renew);
   const audit = join(stateDir, 'audit');
@@ -350,7 +350,8 @@ test('a directory with a wrong mode (each of the six), with the chmod that fixes
     ['stateDir', 0o755, '750'],
     ['fwdDir', 0o750, '700'],
     ['cliDir', 0o711, '700'],
-    ['handoff', 0o770, '2770'],
+    // 0.1.0's mode, before the sticky bit.
+    ['handoff', 0o2770, '3770'],
     ['inbox', 0o2775, '2770'],
     ['slots', 0o777, '2770'],
   ];

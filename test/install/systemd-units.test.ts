@@ -111,6 +111,32 @@ t.test('each service keeps its recorded systemd-analyze security exposure (≤ 2
   t.comment(`exposure (systemd ${version}): ${summary.join(', ')}`);
 });
 
+/** The resource limits docs/units.md's table gives each unit: { unit stem: { key: value } }. */
+function documentedLimits(): Map<string, Record<string, string>> {
+  const doc = readFileSync(join(REPO_ROOT, 'docs/units.md'), 'utf8');
+  const out = new Map<string, Record<string, string>>();
+  for (const m of doc.matchAll(/^\| ([a-z-]+) \| [^|]+ \| [^|]+ \| (\S+) \| (\S+) \| (\S+) \|$/gm)) {
+    out.set(m[1] as string, { MemoryMax: m[2] as string, LimitNOFILE: m[3] as string, TasksMax: m[4] as string });
+  }
+  return out;
+}
+
+t.test('every service sets MemoryMax=, LimitNOFILE= and TasksMax=, as docs/units.md documents them', async (t) => {
+  const documented = documentedLimits();
+  for (const name of SERVICES) {
+    const text = readFileSync(join(UNITS, name), 'utf8');
+    const service = text.slice(text.indexOf('[Service]'), text.indexOf('[Install]'));
+    const set: Record<string, string> = {};
+    for (const key of ['MemoryMax', 'LimitNOFILE', 'TasksMax']) {
+      const m = new RegExp(`^${key}=(\\S+)$`, 'm').exec(service);
+      t.ok(m, `${name}: ${key}= in [Service]`);
+      if (m?.[1]) set[key] = m[1];
+    }
+    const stem = name.replace(/^agent-connectors-/, '').replace(/\.service$/, '');
+    t.same(set, documented.get(stem) ?? {}, `${name}: the values docs/units.md's "Resource limits" table gives`);
+  }
+});
+
 t.test('install --root writes the package, units, sysusers and tmpfiles; --dry-run only reports; uninstall reverses it', async (t) => {
   const root = tempDir('ac-install-');
   const dryRoot = tempDir('ac-install-dry-');

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import t from 'tap';
 import { Agent } from 'undici';
 import { presenceSchema } from '../../src/data/link-wire.js';
+import { MAX_HEALTH_BYTES } from '../../src/http/health-probe.js';
 import { buildPresence, defaultPresenceConfig, partHealth, type PresenceConfig } from '../../src/link/presence.js';
 import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
@@ -34,6 +35,27 @@ t.test('partHealth: ok, degraded (not ok, not 200, not JSON), down (no answer)',
   t.equal(await partHealth(agent, await part(t, 503, '{}'), signal), 'degraded');
   t.equal(await partHealth(agent, await part(t, 200, '<html>'), signal), 'degraded');
   t.equal(await partHealth(agent, 'http://127.0.0.1:9/healthz', signal), 'down');
+});
+
+t.test('partHealth: an answer past MAX_HEALTH_BYTES, or one that trickles past the timeout, is down', async (t) => {
+  const agent = new Agent();
+  t.teardown(() => agent.close());
+  const signal = new AbortController().signal;
+  t.equal(await partHealth(agent, await part(t, 200, `{"status":"ok","pad":"${' '.repeat(MAX_HEALTH_BYTES)}"}`), signal), 'down', 'oversized');
+  t.equal(await partHealth(agent, await part(t, 200, `{"status":"ok","pad":"${' '.repeat(MAX_HEALTH_BYTES - 40)}"}`), signal), 'ok', 'just under the bound');
+  // One byte every 20 ms never pauses long enough for undici's body timeout; the whole-exchange deadline cuts it.
+  const server = createServer((_req, res) => {
+    res.writeHead(200);
+    const timer = setInterval(() => res.write(' '), 20);
+    res.on('close', () => clearInterval(timer));
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  t.teardown(() => {
+    server.closeAllConnections();
+    return new Promise<void>((r) => server.close(() => r()));
+  });
+  t.equal(await partHealth(agent, `http://127.0.0.1:${(server.address() as AddressInfo).port}/healthz`, signal, 300), 'down', 'trickled');
 });
 
 t.test('buildPresence: nothing applied yet → stateVersion null, no slots; down parts named', async (t) => {
