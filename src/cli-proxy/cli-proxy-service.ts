@@ -1,5 +1,6 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
+import type { PeerLimitFlags } from '../http/peer-limits.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
@@ -22,6 +23,8 @@ export interface CliProxyConfig {
   audit?: AuditSpoolConfig | undefined;
   /** Its metrics, when `--metrics-listen` is on. */
   observer?: PartObserver | undefined;
+  /** Per-UID and process limits given as flags (src/http/peer-limits.ts). */
+  limits?: PeerLimitFlags | undefined;
 }
 
 /** The cli-proxy as a Service: catalog → route → inject → dispatch → stream. */
@@ -48,6 +51,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     agentUsersFile: config.agentUsersFile,
     peerUids: config.audit !== undefined,
     observer: config.observer,
+    limits: config.limits,
   });
   const audit = config.audit;
   if (!audit) return proxy;
