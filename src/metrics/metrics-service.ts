@@ -48,7 +48,9 @@ export function createMetricsService(options: MetricsServiceOptions): Service {
       let port = options.listen.port;
       const own = process.getuid?.();
       const allowed = new Set([0, ...(own === undefined ? [] : [own]), ...(options.allowedUids ?? [])]);
-      const { lookup, close } = await choosePeerUidLookup();
+      const { lookup, method, close } = await choosePeerUidLookup();
+      // The link's unit has no AF_NETLINK (apply's no network): there the lookup falls back to /proc/net/tcp.
+      if (method !== 'sock_diag') log.info({ method }, 'metrics peer check: the sock_diag helper is unusable here; using the fallback');
       // Looked up once per connection, as the proxies do; a scraper keeps its connection alive.
       const peerOk = new WeakMap<Socket, Promise<boolean>>();
       const server = createServer({ maxHeaderSize: 16 * 1024, headersTimeout: 10_000, requestTimeout: 30_000 }, (req, res) => {
