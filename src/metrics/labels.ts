@@ -45,7 +45,7 @@ export function statusLabel(status: number | undefined): string {
   return code === 0 ? OTHER : String(code);
 }
 
-const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed']);
+const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed', 'connection_refused']);
 
 /**
  * OpenTelemetry's error.type: empty when the call succeeded, else the stable error code of
