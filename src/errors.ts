@@ -29,6 +29,10 @@ export const errorTable = {
   token_rejected: { status: 503, message: 'The upstream rejected the current token; renewal may be failing.' },
   upstream_unreachable: { status: 502, message: 'The upstream could not be reached.' },
   upstream_timeout: { status: 504, message: 'The upstream did not answer in time.' },
+  too_many_connections: { status: 429, message: 'This local user has too many connections open to this service.' },
+  too_many_streams: { status: 429, message: 'This local user has too many requests in flight on this service.' },
+  rate_limited: { status: 429, message: 'This local user sends requests faster than this service allows.' },
+  overloaded: { status: 503, message: 'This service has no room for another connection now.' },
   service_unavailable: { status: 503, message: 'The service is shutting down.' },
   internal_error: { status: 500, message: 'Internal error.' },
 } as const satisfies Record<string, { status: number; message: string }>;

@@ -1,5 +1,6 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
+import type { PeerLimitFlags } from '../http/peer-limits.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
 import { parseCatalog, type Catalog } from '../data/catalog.js';
@@ -35,6 +36,8 @@ export interface CliProxyConfig {
   observer?: PartObserver | undefined;
   /** TLS mode (SPEC §10): the CLI CA and the test aids; undefined: CONNECT is refused (405). */
   tls?: CliProxyTlsConfig | undefined;
+  /** Per-UID and process limits given as flags (src/http/peer-limits.ts). */
+  limits?: PeerLimitFlags | undefined;
 }
 
 export interface CliProxyTlsConfig {
@@ -82,6 +85,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     agentUsersFile: config.agentUsersFile,
     peerUids: config.audit !== undefined,
     observer: config.observer,
+    limits: config.limits,
   });
   if (!audit && !tlsConfig) return proxy;
   return {

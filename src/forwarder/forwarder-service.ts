@@ -1,5 +1,6 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
 import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
+import type { PeerLimitFlags } from '../http/peer-limits.js';
 import type { ListenAddress } from '../http/loopback.js';
 import { parseInstancesFile, type InstancesFile } from '../data/registry.js';
 import type { Service } from '../service/service.js';
@@ -19,6 +20,8 @@ export interface ForwarderConfig {
   tokenWaitMs?: number;
   /** Its metrics, when `--metrics-listen` is on. */
   observer?: PartObserver | undefined;
+  /** Per-UID and process limits given as flags (src/http/peer-limits.ts). */
+  limits?: PeerLimitFlags | undefined;
 }
 
 export interface ForwarderDepsIn {
@@ -42,5 +45,6 @@ export function createForwarderService(deps: ForwarderDepsIn): Service {
     allowedUids: config.allowedUids,
     agentUsersFile: config.agentUsersFile,
     observer: config.observer,
+    limits: config.limits,
   });
 }

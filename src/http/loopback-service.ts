@@ -13,7 +13,9 @@ import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
-import { closeGracefully, createLoopbackServer, InFlight, listen } from './server.js';
+import { closeGracefully, createLoopbackServer, InFlight, listen, refuseConnection } from './server.js';
+import { PeerLimits, resolvePeerLimits, UNKNOWN_PEER, type PeerLimitFlags } from './peer-limits.js';
+import type { AppError } from '../errors.js';
 
 export interface LoopbackServiceSpec<T> {
   /** Service name; also the log message prefix (`<name> listening`). */
@@ -49,6 +51,8 @@ export interface LoopbackServiceSpec<T> {
   peerUids?: boolean | undefined;
   /** The part's metrics (`--metrics-listen`): its requests and each load of its config file. */
   observer?: PartObserver | undefined;
+  /** Per-UID and process limits given as flags; the rest from the descriptor limit (peer-limits.ts). */
+  limits?: PeerLimitFlags | undefined;
 }
 
 export interface PartObserver extends RequestObserver {
@@ -113,7 +117,27 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const readUids = checked || spec.peerUids === true;
   const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
   const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
-  const deps = { config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer };
+  const own = process.getuid?.();
+  const resolved = resolvePeerLimits(spec.limits ?? {});
+  const limits = new PeerLimits(resolved, new Set([0, ...(own === undefined ? [] : [own])]));
+  // Per-UID limits need the peer's UID: read wherever a peer check or the audit reads it (always in the units).
+  log.info({ ...resolved, perUid: readUids }, 'connection limits');
+  // A flood is logged once per episode (per UID), not once per connection refused.
+  const warned = new Set<number | 'process'>();
+  const refused = new WeakSet<Socket>();
+  const refuse = (socket: Socket, err: AppError): void => {
+    refused.add(socket);
+    if (!socket.destroyed) refuseConnection(socket, err);
+  };
+  const admit = async (req: IncomingMessage, res: ServerResponse): Promise<AppError | 'answered' | undefined> => {
+    if (refused.has(req.socket)) return 'answered';
+    if (!readUids) return undefined;
+    const uid = (await uidOf.get(req.socket)) ?? UNKNOWN_PEER;
+    // Refused meanwhile: the UID's connection count, known only now.
+    if (refused.has(req.socket)) return 'answered';
+    return limits.request(uid, res);
+  };
+  const deps = { config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer, admit };
   const server = createLoopbackServer(spec.handler(deps));
   const tunnels = spec.connect?.({
     ...deps,
@@ -129,9 +153,19 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     server.removeAllListeners('connect');
     server.on('connect', tunnels.handle);
   }
+  // Registered before the peer check's, so a connection past the process's limit is never looked up.
+  server.on('connection', (socket: Socket) => {
+    const gate = limits.accept(socket);
+    if (gate === undefined) warned.delete('process');
+    else if (!warned.has('process')) {
+      warned.add('process');
+      log.warn({ open: limits.open, maxConnections: resolved.maxConnections }, 'connection refused: the process is at its connection limit (503 overloaded)');
+    }
+    if (gate === 'drop') socket.destroy();
+    else if (gate) refuse(socket, gate);
+  });
   let access: PeerAccess | undefined;
   if (checked) {
-    const own = process.getuid?.();
     access = new PeerAccess({
       always: spec.agentUsersFile !== undefined ? new Set([0, ...(own === undefined ? [] : [own])]) : new Set(),
       alwaysDynamic: spec.agentUsersFile !== undefined ? [LINK_USER] : [],
@@ -159,8 +193,19 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
     server.on('connection', (socket: Socket) => {
+      if (refused.has(socket) || socket.destroyed) return;
       const uid = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0);
       uidOf.set(socket, uid);
+      void uid.then((u) => {
+        const key = u ?? UNKNOWN_PEER;
+        const gate = limits.connected(socket, key);
+        if (!gate) warned.delete(key);
+        else if (!refused.has(socket)) {
+          if (!warned.has(key)) log.warn({ uid: u ?? null, connectionsPerUid: resolved.connectionsPerUid }, 'connection refused: its UID has too many open (429 too_many_connections)');
+          warned.add(key);
+          refuse(socket, gate);
+        }
+      });
       if (!peers) return;
       const decision = uid.then(async (uid) => {
         const ok = uid !== undefined && (await peers.allows(uid));

@@ -39,6 +39,11 @@ export interface PipelineDeps {
   /** With `peerUids` or `allowedUids` set: the UID of this connection's peer (read once per connection). */
   peerUid?: ((req: IncomingMessage) => Promise<number | undefined>) | undefined;
   observer?: RequestObserver | undefined;
+  /**
+   * The per-UID and process limits (src/http/peer-limits.ts): nothing, the refusal to
+   * answer, or 'answered' when the connection itself was refused (its answer already written).
+   */
+  admit?: ((req: IncomingMessage, res: ServerResponse) => Promise<AppError | 'answered' | undefined>) | undefined;
 }
 
 /**
@@ -90,10 +95,21 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
         res.shouldKeepAlive = false;
         throw new AppError('service_unavailable');
       }
-      if (deps.peerAllowed && !(await deps.peerAllowed(req))) {
+      const allowed = deps.peerAllowed ? await deps.peerAllowed(req) : true;
+      // Whose call this is, for the access line and the metrics' per-agent share of tool labels.
+      const uid = await deps.peerUid?.(req);
+      if (uid !== undefined) rec.peerUid = uid;
+      const gate = await deps.admit?.(req, res);
+      if (gate === 'answered') {
+        rec.outcome = 'connection_refused';
+        res.destroy();
+        return;
+      }
+      if (!allowed) {
         res.shouldKeepAlive = false;
         throw new AppError('forbidden_peer');
       }
+      if (gate) throw gate;
       if (front) {
         const host = front.hostCheck(req);
         if (!host.ok) {

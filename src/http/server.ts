@@ -1,5 +1,5 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { AppError, errorBody } from '../errors.js';
 import type { ListenAddress } from './loopback.js';
@@ -46,12 +46,31 @@ export function createLoopbackServer(handler: Handler, limits: ServerLimits = de
   // drops the socket. The forwarder never tunnels: 405 like any other refused method. The
   // cli-proxy replaces this listener with TLS mode's (LoopbackServiceSpec.connect).
   server.on('connect', (_req, socket: Duplex) => {
-    const body = errorBody(new AppError('method_not_allowed'));
-    socket.end(
-      `HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-    );
+    socket.end(rawErrorResponse(new AppError('method_not_allowed')));
   });
   return server;
+}
+
+/** An error answer written on the socket itself, outside any request; it closes the connection. */
+export function rawErrorResponse(err: AppError): string {
+  const body = errorBody(err);
+  const headers = Object.entries(err.headers)
+    .map(([k, v]) => `${k}: ${v}\r\n`)
+    .join('');
+  return `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\n${headers}connection: close\r\n\r\n${body}`;
+}
+
+/**
+ * Refuses a connection before (or without) a request: the answer, then our side closed;
+ * the descriptor goes when the client closes its side, or after a second at most, so a
+ * client that never does cannot hold it.
+ */
+export function refuseConnection(socket: Socket, err: AppError): void {
+  const timer = setTimeout(() => socket.destroy(), 1_000);
+  timer.unref();
+  socket.once('close', () => clearTimeout(timer));
+  socket.once('end', () => socket.destroy());
+  socket.end(rawErrorResponse(err));
 }
 
 export function listen(server: Server, address: ListenAddress): Promise<AddressInfo> {

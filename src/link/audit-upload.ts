@@ -14,18 +14,26 @@ import {
   UPLOAD_STATUS_FILE,
   type UploadStatus,
   type AuditEvent,
+  type SpooledEvent,
 } from '../data/audit-event.js';
 import { backoffDelay, type BackoffOptions } from '../net/backoff.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
 import { SMALL_ANSWER_BYTES } from './gateway-client.js';
 import type { HostCredential } from './host-credential.js';
+import { eachBounded } from './renewal/bounded-each.js';
+
+/** Spool files read or deleted at once: enough to keep libuv's thread pool busy, few descriptors. */
+const FILE_CONCURRENCY = 16;
 
 export interface AuditUploadConfig {
   /** The spool the cli-proxy writes (group-readable and -writable for the link). */
   dir: string;
   backoff: BackoffOptions;
-  /** Least time between two uploads: a burst of CLI calls goes up as one batch. */
+  /**
+   * Least time between two uploads while less than a batch waits: a trickle of CLI calls
+   * goes up as one batch. With a whole batch (or more) waiting, batches go back to back.
+   */
   minGapMs: number;
   /** A look at the spool even without a file event (a missed inotify event, a dropped.json-only change). */
   rescanMs: number;
@@ -99,17 +107,26 @@ export function createAuditUpload(config: AuditUploadConfig, credential: HostCre
         const names = (await listAuditSpool(config.dir)).slice(0, AUDIT_BATCH_MAX);
         const dropped = await readDroppedCount(config.dir);
         if (names.length === 0 && dropped === sentDropped) return config.rescanMs;
-        const gap = lastSent + config.minGapMs - Date.now();
+        // The gap only gathers a trickle into one batch. A full batch waiting means calls
+        // come faster than one batch per gap: waiting then would let the spool's bound drop
+        // the oldest while the Gateway keeps up (issue 21: 500 per 2 s lost 53 000 of 90 000).
+        const gap = names.length < AUDIT_BATCH_MAX ? lastSent + config.minGapMs - Date.now() : 0;
         if (gap > 0) return gap;
 
+        // Several files at a time: one by one, the reads and deletes took most of a batch's
+        // time (~1 ms each on a busy VM), which capped the drain below a flood's rate.
+        const files: Array<SpooledEvent | undefined> = names.map(() => undefined);
+        await eachBounded(names.keys(), FILE_CONCURRENCY, async (i) => {
+          files[i] = await readSpooledEvent(config.dir, names[i] as string);
+          return undefined;
+        });
         const batch: Array<{ name: string; event: AuditEvent }> = [];
-        for (const name of names) {
-          const spooled = await readSpooledEvent(config.dir, name);
+        for (const spooled of files) {
           if (!spooled) continue;
           if ('invalid' in spooled) {
             // Written atomically by the cli-proxy, so this is not a half write: never sendable, never retried.
-            log.error({ file: name, problem: spooled.invalid }, 'audit spool file is not a valid event; removed');
-            await removeSpooledEvent(config.dir, name);
+            log.error({ file: spooled.name, problem: spooled.invalid }, 'audit spool file is not a valid event; removed');
+            await removeSpooledEvent(config.dir, spooled.name);
             continue;
           }
           batch.push(spooled);
@@ -135,15 +152,19 @@ export function createAuditUpload(config: AuditUploadConfig, credential: HostCre
           case 'accepted': {
             attempt = 0;
             const accepted = Math.min(outcome.accepted, batch.length);
-            for (const b of batch.slice(0, accepted)) await removeSpooledEvent(config.dir, b.name);
+            await eachBounded(batch.slice(0, accepted), FILE_CONCURRENCY, async (b) => {
+              await removeSpooledEvent(config.dir, b.name);
+              return undefined;
+            });
             sentDropped = dropped;
             log.info({ events: batch.length, accepted, dropped }, 'audit events uploaded');
             const uploaded: UploadStatus = { lastUploadAt: new Date().toISOString(), lastAccepted: accepted };
             await atomicWrite(join(config.dir, UPLOAD_STATUS_FILE), `${JSON.stringify(uploaded)}\n`, { mode: 0o640 }).catch((err: unknown) =>
               log.warn({ err: { message: (err as Error).message } }, 'could not record the audit upload for status'),
             );
-            // More waiting (a full batch, or some not accepted): go on after the gap.
-            return accepted < batch.length || names.length === AUDIT_BATCH_MAX ? config.minGapMs : 0;
+            // Part of the batch refused without an error: the Gateway is pacing us; go on after the gap.
+            // A full batch sent: more may wait; the next step lists the spool and goes on at once if so.
+            return accepted < batch.length ? config.minGapMs : 0;
           }
         }
       };
@@ -166,10 +187,17 @@ export function createAuditUpload(config: AuditUploadConfig, credential: HostCre
             // In backoff the retry takes every spooled file anyway. Inside the gap after an
             // upload, one wake at its end (the loop may be resting for the whole rescan).
             let gapWake: NodeJS.Timeout | undefined;
+            // Files added inside the gap (each event file makes an event or two): a batch's worth
+            // ends the gap early, so a flood does not wait for it. An over-count costs one listing.
+            let addedInGap = 0;
             onAdd = (): void => {
               if (attempt > 0) return;
               const wait = lastSent + config.minGapMs - Date.now();
-              if (wait <= 0) wake();
+              addedInGap = wait > 0 ? addedInGap + 1 : 0;
+              if (wait <= 0 || addedInGap >= AUDIT_BATCH_MAX) {
+                addedInGap = 0;
+                wake();
+              }
               else
                 gapWake ??= setTimeout(() => {
                   gapWake = undefined;

@@ -3,7 +3,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { PartObserver } from '../http/loopback-service.js';
 import type { AccessRecord } from '../http/request-pipeline.js';
 import { HotHistogram } from './hot-histogram.js';
-import { CappedLabel, errorTypeOf, LabelIndex, MAX_DISTINCT, MCP_METHOD_COUNT, mcpMethodLabel, METHOD_COUNT, methodLabel, routeIndexOf, routeOf, ROUTES, statusCodeOf, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
+import { CappedLabel, errorTypeOf, LabelIndex, MAX_DISTINCT, MAX_LABEL_LENGTH, MAX_PER_OWNER, MCP_METHOD_COUNT, mcpMethodLabel, METHOD_COUNT, methodLabel, routeIndexOf, routeOf, ROUTES, statusCodeOf, statusLabel, TOKEN_FAILURE_REASONS, tokenReasonLabel, type RouteLabel } from './labels.js';
 
 /** OpenTelemetry's recommended boundaries for http.server.request.duration, seconds. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
@@ -115,7 +115,7 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
   reflected.inc(0);
   for (const result of ['ok', 'rejected']) reloads.inc({ file: configFile, result }, 0);
   for (const route of ROUTES) streams.set({ http_route: route }, 0);
-  const tools = new CappedLabel();
+  const tools = new CappedLabel(MAX_DISTINCT, MAX_LABEL_LENGTH, MAX_PER_OWNER);
   const toolIndex = new LabelIndex();
   const errorTypes = new LabelIndex();
   const methods = new LabelIndex();
@@ -141,7 +141,7 @@ export function createHttpMetrics(registry: Registry, configFile: ConfigFile): P
       bytes.out[route] += rec.bytesOut;
       if (typeof rec.mcpMethod === 'string') {
         const mcpMethod = mcpMethodLabel(rec.mcpMethod);
-        const tool = mcpMethod === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool) : '';
+        const tool = mcpMethod === 'tools/call' && typeof rec.tool === 'string' ? tools.of(rec.tool, typeof rec.peerUid === 'number' ? rec.peerUid : undefined) : '';
         const mcpKey = (error * MCP_METHOD_SLOTS + mcpMethods.of(mcpMethod)) * TOOL_SLOTS + toolIndex.of(tool);
         const mcpSeries = mcp.seriesAt(mcpKey) ?? mcp.addSeries(mcpKey, { mcp_method_name: mcpMethod, gen_ai_tool_name: tool, error_type: errorType });
         mcp.record(mcpSeries, seconds);

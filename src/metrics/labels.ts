@@ -45,7 +45,7 @@ export function statusLabel(status: number | undefined): string {
   return code === 0 ? OTHER : String(code);
 }
 
-const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed']);
+const ERROR_TYPES: ReadonlySet<string> = new Set<string>([...errorCodes, 'client_closed', 'upstream_failed', 'connection_refused']);
 
 /**
  * OpenTelemetry's error.type: empty when the call succeeded, else the stable error code of
@@ -104,24 +104,43 @@ export const MAX_DISTINCT = 100;
 // MCP's tool name alphabet (and `:` of slot names); any other value is not one we label a series with.
 const NAME = /^[A-Za-z0-9_.:\-/]+$/;
 
+/** The distinct values one owner (an agent's UID) may add: a quarter of the table. */
+export const MAX_PER_OWNER = MAX_DISTINCT / 4;
+
 /**
  * A label value a client or the platform chooses (a tool name, a slot): kept as sent,
  * capped in length, for the first `max` distinct values; every later one is `_other`, so a
- * flood of invented names adds one series, not one per name.
+ * flood of invented names adds one series, not one per name. Values an agent sends are
+ * added under its UID, `maxPerOwner` each: one agent inventing names fills its own share
+ * and sees `_other`, and the others' tools keep their names (issue 21, item 7). A value
+ * anyone added is kept for everyone.
  */
 export class CappedLabel {
   private readonly seen = new Set<string>();
+  private readonly added = new Map<number, number>();
 
   constructor(
     private readonly max = MAX_DISTINCT,
     private readonly maxLength = MAX_LABEL_LENGTH,
+    private readonly maxPerOwner = max,
   ) {}
 
-  of(value: string): string {
+  /**
+   * `owner`: who sent the value (an agent's UID); undefined: the platform, or a peer whose
+   * UID is not read (no peer check: then nobody can be told apart and only `max` holds).
+   */
+  of(value: string, owner?: number): string {
     const v = value.slice(0, this.maxLength);
     if (this.seen.has(v)) return v;
     if (!NAME.test(v)) return '_invalid';
     if (this.seen.size >= this.max) return '_other';
+    if (owner === undefined) {
+      this.seen.add(v);
+      return v;
+    }
+    const added = this.added.get(owner) ?? 0;
+    if (added >= this.maxPerOwner) return '_other';
+    this.added.set(owner, added + 1);
     this.seen.add(v);
     return v;
   }

@@ -1,6 +1,8 @@
-import { createServer, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
 import { ConfigError } from '../errors.js';
 import { checkHost, parseListen, type ListenAddress } from '../http/loopback.js';
+import { choosePeerUidLookup } from '../http/peer-uid.js';
 import { listen } from '../http/server.js';
 import type { Service } from '../service/service.js';
 import type { Exposition } from './merged-exposition.js';
@@ -25,7 +27,13 @@ export interface MetricsServiceOptions {
   /** A part's registry, or (dev) several merged. */
   registry: Exposition;
   /** Called once listening, with the bound port (tests use port 0). */
-  onListening?: (port: number) => void;
+  onListening?: ((port: number) => void) | undefined;
+  /**
+   * UIDs that may read the metrics besides root and the process's own user
+   * (`--metrics-allowed-uids`: a Prometheus scraper's). Agents are not in by default:
+   * the series name every agent's tools and slots.
+   */
+  allowedUids?: ReadonlySet<number> | undefined;
 }
 
 /**
@@ -38,7 +46,34 @@ export function createMetricsService(options: MetricsServiceOptions): Service {
     name: 'metrics',
     async run({ signal, log }) {
       let port = options.listen.port;
+      const own = process.getuid?.();
+      const allowed = new Set([0, ...(own === undefined ? [] : [own]), ...(options.allowedUids ?? [])]);
+      const { lookup, method, close } = await choosePeerUidLookup();
+      // The link's unit has no AF_NETLINK (apply's no network): there the lookup falls back to /proc/net/tcp.
+      if (method !== 'sock_diag') log.info({ method }, 'metrics peer check: the sock_diag helper is unusable here; using the fallback');
+      // Looked up once per connection, as the proxies do; a scraper keeps its connection alive.
+      const peerOk = new WeakMap<Socket, Promise<boolean>>();
       const server = createServer({ maxHeaderSize: 16 * 1024, headersTimeout: 10_000, requestTimeout: 30_000 }, (req, res) => {
+        void (peerOk.get(req.socket) ?? Promise.resolve(false)).then((ok) => {
+          if (ok) serve(req, res);
+          else {
+            res.shouldKeepAlive = false;
+            answer(res, 403, 'forbidden: this user may not read the metrics (root, the service user and --metrics-allowed-uids may)\n');
+          }
+        });
+      });
+      let refusedLogged = false;
+      server.on('connection', (socket: Socket) => {
+        const decision = lookup(socket.remoteAddress ?? '', socket.remotePort ?? 0, socket.localAddress ?? '', socket.localPort ?? 0).then((uid) => {
+          const ok = uid !== undefined && allowed.has(uid);
+          // Once per process: a scraper configured with the wrong user would fill the log.
+          if (!ok && !refusedLogged && !socket.destroyed) log.warn({ uid: uid ?? null }, 'metrics: connection from a UID not allowed (--metrics-allowed-uids)');
+          refusedLogged ||= !ok;
+          return ok;
+        });
+        peerOk.set(socket, decision);
+      });
+      const serve = (req: IncomingMessage, res: ServerResponse): void => {
         const path = (req.url ?? '').split('?')[0];
         if (!checkHost(req.headers.host, port).ok) return answer(res, 403, 'forbidden host\n');
         if (path !== '/metrics') return answer(res, 404, 'not found: the metrics are at /metrics\n');
@@ -53,8 +88,14 @@ export function createMetricsService(options: MetricsServiceOptions): Service {
             answer(res, 500, 'metrics collection failed\n');
           },
         );
-      });
-      const bound = await listen(server, options.listen);
+      };
+      let bound: AddressInfo;
+      try {
+        bound = await listen(server, options.listen);
+      } catch (err) {
+        await close();
+        throw err;
+      }
       port = bound.port;
       log.info({ address: bound.address, port: bound.port }, 'metrics listening');
       options.onListening?.(bound.port);
@@ -64,6 +105,7 @@ export function createMetricsService(options: MetricsServiceOptions): Service {
       });
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
+      await close();
     },
   };
 }

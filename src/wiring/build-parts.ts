@@ -47,6 +47,8 @@ export interface PartsConfig {
 export interface MetricsTarget {
   listen: ListenAddress;
   onListening?: ((port: number) => void) | undefined;
+  /** Who may read them besides root and the service user (`--metrics-allowed-uids`). */
+  allowedUids?: ReadonlySet<number> | undefined;
 }
 
 export interface PartHooks {
@@ -186,7 +188,9 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
     );
   }
   if (config.metrics && metrics) {
-    services.push(createMetricsService({ listen: config.metrics.listen, registry: metrics.exposition, onListening: config.metrics.onListening }));
+    services.push(
+      createMetricsService({ listen: config.metrics.listen, registry: metrics.exposition, onListening: config.metrics.onListening, allowedUids: config.metrics.allowedUids }),
+    );
   }
   return services;
 }

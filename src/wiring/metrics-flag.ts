@@ -15,8 +15,14 @@ export const METRICS_LISTEN_ENV = 'AGENT_CONNECTORS_METRICS_LISTEN';
  */
 export function addMetricsFlag(cmd: Command, dev?: { default: string }): Command {
   const option = new Option('--metrics-listen <host:port|off>', 'serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, a port of its own)');
-  return cmd.addOption(dev ? option.default(dev.default) : option.env(METRICS_LISTEN_ENV).default('off'));
+  if (dev) return cmd.addOption(option.default(dev.default));
+  // `dev` runs as one user, who may read its own metrics; nobody else needs a say there.
+  const allowed = new Option('--metrics-allowed-uids <list>', 'besides root and the service user, these local users (UIDs or names, comma-separated; e.g. the Prometheus scraper\'s) may read the metrics');
+  return cmd.addOption(option.env(METRICS_LISTEN_ENV).default('off')).addOption(allowed.env(METRICS_ALLOWED_UIDS_ENV));
 }
+
+/** `--metrics-allowed-uids` from a unit drop-in's `Environment=`, like the listen address. */
+export const METRICS_ALLOWED_UIDS_ENV = 'AGENT_CONNECTORS_METRICS_ALLOWED_UIDS';
 
 /**
  * Test hook `metrics-toggle` (AGENT_CONNECTORS_TEST_HOOKS): SIGUSR2 switches the request

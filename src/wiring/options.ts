@@ -9,6 +9,7 @@ import { DEFAULT_TOKEN_WAIT_MS } from '../token/token-wait.js';
 import { parseListen, type ListenAddress } from '../http/loopback.js';
 import { createLogger, LOG_LEVELS, type Logger } from '../log/logger.js';
 import { passwdUids } from '../http/peer-access.js';
+import { DEFAULT_BURST_PER_UID, DEFAULT_RATE_PER_UID, type PeerLimitFlags } from '../http/peer-limits.js';
 
 /** zod at the CLI boundary: every option value is validated and typed here. */
 export const positiveInt = z.coerce.number().int().positive();
@@ -87,7 +88,7 @@ export class OptionErrors {
  * `--allowed-uids 1000,alice`: numeric UIDs or user names (looked up in /etc/passwd, so
  * a typo fails at start rather than locking everyone out silently).
  */
-export function parseAllowedUids(value: string | undefined, passwd = '/etc/passwd'): Set<number> | undefined {
+export function parseAllowedUids(value: string | undefined, passwd = '/etc/passwd', flag = '--allowed-uids'): Set<number> | undefined {
   if (value === undefined || value.trim() === '') return undefined;
   let users: Map<string, number> | undefined;
   const uids = new Set<number>();
@@ -98,7 +99,7 @@ export function parseAllowedUids(value: string | undefined, passwd = '/etc/passw
     }
     users ??= passwdUids(passwd);
     const uid = users.get(item);
-    if (uid === undefined) throw new ConfigError(`--allowed-uids: no such user "${item}"`);
+    if (uid === undefined) throw new ConfigError(`${flag}: no such user "${item}"`);
     uids.add(uid);
   }
   return uids;
@@ -123,6 +124,11 @@ export function addServerOptions(cmd: Command, defaults: { listen: string; bodyL
     .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
     .option('--agent-users-file <file>', 'only the users named in this file (one name or UID per line; watched), root and the service user may connect')
     .option('--token-wait-ms <n>', 'after an upstream 401, how long to wait for a renewed token before answering 503 token_rejected (0: do not wait)', String(DEFAULT_TOKEN_WAIT_MS))
+    .option('--max-connections <n>', 'connections open at once, all users (default: (open-files limit − reserve) / 2)')
+    .option('--max-connections-per-uid <n>', 'connections one local user may hold open (default: a quarter of --max-connections; 0: no limit)')
+    .option('--max-streams-per-uid <n>', 'requests one local user may have in flight, event streams included (default: half its connections; 0: no limit)')
+    .option('--rate-per-uid <n>', 'requests per second one local user may send, sustained (0: no limit)', String(DEFAULT_RATE_PER_UID))
+    .option('--burst-per-uid <n>', 'requests one local user may send at once above that rate', String(DEFAULT_BURST_PER_UID))
     .addOption(logLevelOption());
 }
 
@@ -134,6 +140,7 @@ export interface ServerOptions {
   allowedUids: Set<number> | undefined;
   agentUsersFile: string | undefined;
   tokenWaitMs: number;
+  limits: PeerLimitFlags;
 }
 
 const NO_LISTEN: ListenAddress = { host: '127.0.0.1', port: 0 };
@@ -148,5 +155,20 @@ export function serverOptions(opts: Record<string, unknown>, errors: OptionError
     allowedUids: errors.attempt(() => parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined), undefined),
     agentUsersFile: typeof opts.agentUsersFile === 'string' ? resolve(opts.agentUsersFile) : undefined,
     tokenWaitMs: errors.parse(nonNegativeInt, opts.tokenWaitMs, '--token-wait-ms', 0),
+    limits: peerLimitFlags(opts, errors),
   };
+}
+
+const nonNegative = z.coerce.number().min(0).max(1e9);
+
+/** The per-UID and process limits given; what is left out is derived at start from the descriptor limit. */
+function peerLimitFlags(opts: Record<string, unknown>, errors: OptionErrors): PeerLimitFlags {
+  const flags: PeerLimitFlags = {
+    ratePerUid: errors.parse(nonNegative, opts.ratePerUid, '--rate-per-uid', DEFAULT_RATE_PER_UID),
+    burstPerUid: errors.parse(positiveInt, opts.burstPerUid, '--burst-per-uid', DEFAULT_BURST_PER_UID),
+  };
+  if (opts.maxConnections !== undefined) flags.maxConnections = errors.parse(positiveInt, opts.maxConnections, '--max-connections', 1);
+  if (opts.maxConnectionsPerUid !== undefined) flags.connectionsPerUid = errors.parse(nonNegativeInt, opts.maxConnectionsPerUid, '--max-connections-per-uid', 0);
+  if (opts.maxStreamsPerUid !== undefined) flags.streamsPerUid = errors.parse(nonNegativeInt, opts.maxStreamsPerUid, '--max-streams-per-uid', 0);
+  return flags;
 }

@@ -1,6 +1,6 @@
 import { parseMetricsListen } from '../metrics/metrics-service.js';
 import type { MetricsTarget } from './build-parts.js';
-import type { OptionErrors } from './options.js';
+import { parseAllowedUids, type OptionErrors } from './options.js';
 
 /**
  * Each part's flags are declared once with their defaults, beside the one function per
@@ -19,6 +19,7 @@ export function str(v: unknown): string | undefined {
 /** `--metrics-listen` as a target; a part's own port is refused in buildParts. */
 export function metricsTarget(opts: Opts, errors: OptionErrors): MetricsTarget | undefined {
   const listen = errors.attempt(() => parseMetricsListen(str(opts.metricsListen)), undefined);
-  return listen && { listen };
+  const allowedUids = errors.attempt(() => parseAllowedUids(str(opts.metricsAllowedUids), undefined, '--metrics-allowed-uids'), undefined);
+  return listen && { listen, allowedUids };
 }
 

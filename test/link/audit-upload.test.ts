@@ -3,7 +3,7 @@ import { EventEmitter } from 'node:events';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
+import { AUDIT_BATCH_MAX, auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
 import { createAuditUpload, defaultAuditUploadConfig } from '../../src/link/audit-upload.js';
 import { hostCredential } from '../support/host-credential.js';
 import { createNotifier } from '../../src/service/sd-notify.js';
@@ -68,6 +68,48 @@ t.test('an event spooled right after an upload goes up at the end of the gap, no
   t.equal(spooled(dir).length, 1, 'a refused event stays spooled');
   t.notOk(lines.join('\n').includes('cred-audit-unit'), 'the credential is never logged');
   t.match(JSON.parse(readFileSync(join(dir, 'upload.json'), 'utf8')), { lastAccepted: 1 }, 'upload.json records the last accepted batch for status');
+
+  signals.emit('SIGTERM', 'SIGTERM');
+  await running;
+});
+
+t.test('a flood drains back to back: every one of N ≫ a batch events arrives, none dropped; a 429 is still waited out', async (t) => {
+  const gw = await MockHostGateway.start({ longPollMs: 300, staticHosts: { 'host-1': 'cred-audit-flood' } });
+  t.teardown(() => gw.close());
+  const root = tempDir('ac-audit-flood-', t);
+  const dir = join(root, 'audit');
+  mkdirSync(dir, { recursive: true });
+  const credentialPath = join(root, 'credential');
+  writeFileSync(credentialPath, 'cred-audit-flood\n', { mode: 0o600 });
+  const { log, lines } = memoryLogger();
+  // Gap and rescan far beyond the test's timeout: only back-to-back batches can drain the
+  // spool in time (issue 21: one batch per gap lost 53 000 of 90 000 events to the spool's bound).
+  const upload = createAuditUpload(
+    { ...defaultAuditUploadConfig, dir, minGapMs: 600_000, rescanMs: 600_000, backoff: { baseMs: 50, capMs: 200 } },
+    hostCredential(t, credentialPath, gw.url, log),
+  );
+  // The first two uploads fail (503, then 429 with Retry-After): the drain waits them out, then goes on.
+  gw.inject({ kind: 'status5xx', status: 503 }, { endpoint: 'audit' });
+  gw.inject({ kind: 'status429', retryAfterS: 1 }, { endpoint: 'audit' });
+  const signals = new EventEmitter();
+  const running = runServices([upload], { log, notifier: createNotifier({ env: {} }), signals, forceExitAfterMs: false });
+
+  // Whole batches: a remainder below a batch waits for the gap, as it should.
+  const n = 12 * AUDIT_BATCH_MAX;
+  const ids = new Set<string>();
+  for (let i = 0; i < n; i++) ids.add(spoolEvent(dir).id);
+  await until(() => gw.control.auditEvents.length >= n, `all ${n} events stored`, 60_000).catch((err: unknown) => {
+    t.comment(`stored ${gw.control.auditEvents.length}; faults ${JSON.stringify(gw.faultsFired)}; spooled ${spooled(dir).length}\n${lines.slice(-8).join("\n")}`);
+    throw err;
+  });
+  t.equal(gw.control.auditEvents.length, n, 'each event stored once');
+  t.same(new Set(gw.control.auditEvents.map((r) => r.event.id)), ids, 'exactly the spooled events');
+  t.ok(gw.auditBodies.every((b) => b.dropped === 0), 'no upload reports a dropped event');
+  t.ok(gw.auditBodies.every((b) => b.events.length <= AUDIT_BATCH_MAX), 'batches keep their bound');
+  await until(() => spooled(dir).length === 0, 'the spool is empty once all is accepted');
+  const retry = lines.map((l) => JSON.parse(l) as { msg?: string; retryInMs?: number }).find((l) => l.msg?.startsWith('audit upload failed') && (l.retryInMs ?? 0) >= 1_000);
+  t.ok(retry, 'the 429 was waited out for its Retry-After');
+  t.equal(gw.faultsFired.status429, 1, 'the 429 fired');
 
   signals.emit('SIGTERM', 'SIGTERM');
   await running;

@@ -24,6 +24,31 @@ t.test('a capped label keeps the first names, caps their length, and folds the r
   t.equal(new CappedLabel().of('instance:inst-1'), 'instance:inst-1', 'slot names');
 });
 
+t.test('each agent adds tool names up to its share: one agent inventing names cannot fill the table for the others', async (t) => {
+  const l = new CappedLabel(8, 64, 2);
+  t.equal(l.of('a1', 1000), 'a1');
+  t.equal(l.of('a2', 1000), 'a2');
+  t.equal(l.of('a3', 1000), '_other', 'past its share');
+  t.equal(l.of('a4', 1000), '_other');
+  t.equal(l.of('b1', 1001), 'b1', 'another agent still gets its names');
+  t.equal(l.of('b2', 1001), 'b2');
+  t.equal(l.of('a1', 1001), 'a1', 'a name already in the table is everyone\'s');
+  t.equal(l.of('c1'), 'c1', 'a caller not told apart (no peer check) meets only the table\'s bound');
+  const m = new CappedLabel(3, 64, 2);
+  for (const uid of [1, 2, 3]) m.of(`t${uid}`, uid);
+  t.equal(m.of('more', 4), '_other', 'the table\'s own bound still holds');
+  // The flood through the forwarder's metrics: 40 names from one agent, then another's.
+  const registry = new Registry();
+  const observer = createHttpMetrics(registry, 'instances.json');
+  const call = (tool: string, peerUid: number): void =>
+    observer.closed({ url: '/i/x/mcp' } as never, { reqId: 'r', method: 'POST', bytesIn: 0, bytesOut: 0, outcome: 'ok', status: 200, mcpMethod: 'tools/call', tool, peerUid }, 0.01);
+  for (let i = 0; i < 40; i++) call(`flood_${i}`, 1000);
+  call('search', 1001);
+  const text = await registry.metrics();
+  t.match(text, /gen_ai_tool_name="search"/, 'the other agent\'s tool is named');
+  t.equal((text.match(/mcp_server_operation_duration_seconds_count\{[^}]*gen_ai_tool_name="flood_/g) ?? []).length, 25, 'the flooder got its quarter of the table');
+});
+
 t.test('label values from fixed sets', async (t) => {
   t.equal(routeOf('/i/abcdefgh/mcp?x=1'), 'mcp');
   t.equal(routeOf('/p/notion/v1/search'), 'provider');
