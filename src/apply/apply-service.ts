@@ -29,7 +29,7 @@ export interface ApplyConfig {
    * (injected by the CLI). Without it, or without the file, apply does only what it
    * always did.
    */
-  reconcile?: Pick<ReconcileDeps, 'renderShims'>;
+  reconcile?: Pick<ReconcileDeps, 'renderShims' | 'reservedPorts'>;
   /** Tokens applied, ignored and rejected (`--metrics-listen`). */
   metrics?: ApplyMetrics | undefined;
 }

@@ -3,7 +3,8 @@ import { lstat, mkdir, readdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
-import { desiredStateVersion, MAX_STATE_BYTES, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import type { ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
@@ -99,6 +100,8 @@ export interface ReconcileDeps {
   local: LocalConfigFiles;
   /** Re-renders the shims for the catalog now in force (the CLI wires shims/ in). */
   renderShims?: (catalog: Catalog) => Promise<void>;
+  /** This host's own listener ports: a state aiming an upstream at one is rejected. */
+  reservedPorts?: readonly number[] | undefined;
   log: Logger;
   now?: () => number;
   signal?: AbortSignal;
@@ -164,6 +167,11 @@ async function readDesiredStateText(path: string): Promise<{ text: string; unsaf
   }
 }
 
+function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly number[] | undefined): ParseResult<DesiredState> {
+  const own = parsed.ok && ports ? ownListenerUpstream(parsed.value, ports) : undefined;
+  return own === undefined ? parsed : { ok: false, error: own };
+}
+
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -179,7 +187,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const digest = unsafe ? `unsafe:${unsafe.key}` : createHash('sha256').update(text).digest('hex');
     if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
-    const parsed = unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text);
+    const parsed = withoutOwnListeners(unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text), deps.reservedPorts);
     if (!parsed.ok) {
       const version = unsafe ? null : desiredStateVersion(text);
       await writeAppliedState(paths, { version: applied.version, appliedAt: applied.appliedAt, rejected: { version, error: parsed.error.slice(0, 1000), at: new Date(now()).toISOString() } });

@@ -117,6 +117,9 @@ function portOf(hostPort: string): number {
 function reservedPorts(config: PartsConfig): number[] {
   const ports = [portOf(DEFAULT_FORWARDER_LISTEN), portOf(DEFAULT_CLI_PROXY_LISTEN)];
   for (const listen of [config.forwarder?.listen, config.cliProxy?.listen, config.metrics?.listen]) if (listen?.port) ports.push(listen.port);
+  // apply knows where the cli-proxy is from the URL it bakes into the shims.
+  const shimProxy = config.apply?.shims?.proxyUrl;
+  if (shimProxy) ports.push(Number(new URL(shimProxy).port || 80));
   return ports;
 }
 
@@ -145,6 +148,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
       createApplyService({
         ...apply,
         reconcile: shims && {
+          reservedPorts: reserved,
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
             const r = await installShims(catalog, shims.dir, proxyUrl);
