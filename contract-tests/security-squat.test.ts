@@ -147,44 +147,41 @@ const MCP_HEADERS = { 'content-type': 'application/json', accept: 'application/j
 
 const agent = ensureAgentUser();
 
-t.test('forwarder: an agent squatting the port of a stopped loopback upstream gets no token', async (t) => {
+/**
+ * A forwarder with one binding to a stopped loopback upstream whose port the agent now
+ * holds; one agent request through it must be refused with nothing sent. Returns the log
+ * index before the request.
+ */
+async function squattedForwarder(t: TapTest, id: string, args: (stateDir: string) => string[]): Promise<{ fwd: ProxyProc; mark: number }> {
   const up = await stoppedUpstreamPort();
   const stateDir = tempDir('ac-squat-fwd-');
   const dir = partDir(stateDir, 'forwarder');
-  writeToken(join(dir, 'inst-sq.token'), TOKENS.forwarder);
-  const fwd = await startProxy(t, 'forwarder', { stateDir, config: { squatfwd1: binding(dir, 'inst-sq', up.url('/mcp')) } });
+  writeToken(join(dir, `inst-${id}.token`), TOKENS.forwarder);
+  const extra = args(stateDir);
+  const fwd = await startProxy(t, 'forwarder', { stateDir, args: extra, config: { [id]: binding(dir, `inst-${id}`, up.url('/mcp')) } });
   await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
   const sq = await Squatter.start(t, agent, up.port);
-
   const mark = fwd.logs.length;
-  const res = await call(`${fwd.base}/i/squatfwd1/mcp`, { method: 'POST', headers: MCP_HEADERS, body: MCP_INIT });
+  const res = await call(`${fwd.base}/i/${id}/mcp`, { method: 'POST', headers: MCP_HEADERS, body: MCP_INIT });
   t.equal(res.status, 502, 'the agent is answered 502');
   t.equal(errorCode(res.body), 'upstream_untrusted', 'with the upstream_untrusted code');
   await sq.settled();
-  assertNothingSent(t, sq, TOKENS.forwarder, 'forwarder');
+  assertNothingSent(t, sq, TOKENS.forwarder, `forwarder ${extra.join(' ')}`);
+  return { fwd, mark };
+}
+
+t.test('forwarder: an agent squatting the port of a stopped loopback upstream gets no token', async (t) => {
+  const { fwd, mark } = await squattedForwarder(t, 'squatfwd1', () => []);
   const line = await waitForLogAfter(fwd, mark, (l) => typeof l.msg === 'string' && l.msg.startsWith('upstream listener not trusted'));
   t.equal(line.uid, agent.uid, 'the log names the squatter UID');
 });
 
 t.test('forwarder: listing the agent with --loopback-owner-uids does not make it trusted', async (t) => {
-  const up = await stoppedUpstreamPort();
-  const stateDir = tempDir('ac-squat-fwd2-');
-  const dir = partDir(stateDir, 'forwarder');
-  writeToken(join(dir, 'inst-sq2.token'), TOKENS.forwarder);
-  const agentUsers = join(stateDir, 'agent-users');
-  writeFileSync(agentUsers, `${agent.name}\n`);
-  const fwd = await startProxy(t, 'forwarder', {
-    stateDir,
-    args: ['--agent-users-file', agentUsers, '--loopback-owner-uids', String(agent.uid)],
-    config: { squatfwd2: binding(dir, 'inst-sq2', up.url('/mcp')) },
+  await squattedForwarder(t, 'squatfwd2', (stateDir) => {
+    const agentUsers = join(stateDir, 'agent-users');
+    writeFileSync(agentUsers, `${agent.name}\n`);
+    return ['--agent-users-file', agentUsers, '--loopback-owner-uids', String(agent.uid)];
   });
-  await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  const sq = await Squatter.start(t, agent, up.port);
-  const res = await call(`${fwd.base}/i/squatfwd2/mcp`, { method: 'POST', headers: MCP_HEADERS, body: MCP_INIT });
-  t.equal(res.status, 502, 'the agent is answered 502');
-  t.equal(errorCode(res.body), 'upstream_untrusted', 'with the upstream_untrusted code');
-  await sq.settled();
-  assertNothingSent(t, sq, TOKENS.forwarder, 'forwarder, agent listed as owner');
 });
 
 t.test('cli-proxy: an agent squatting the port of a stopped loopback provider gets no token', async (t) => {
