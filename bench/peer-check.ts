@@ -54,7 +54,7 @@ function tcpInUse(): number {
 
 export interface PeerCheckFigure {
   sockets: number;
-  method: 'procfs' | 'ss per connection' | 'sock_diag helper';
+  method: 'procfs' | 'ss per connection' | 'sock_diag helper' | 'upstream guard';
   samples: number;
   /** Mean CPU per decided connection, ms (this process + children). */
   cpuMs: number;
@@ -64,7 +64,18 @@ export interface PeerCheckFigure {
   wallMs: number;
 }
 
-async function measure(server: Server, lookup: PeerUidLookup, samples: number, own: number, helperCpu: () => number): Promise<{ cpuMs: number; childCpuMs: number; wallMs: number }> {
+/**
+ * `side`: whose tuple is looked up: the accepted socket's (the inbound peer check finds the
+ * client) or the dialled one's (the upstream guard finds the listener's side, ESTABLISHED).
+ */
+async function measure(
+  server: Server,
+  lookup: PeerUidLookup,
+  samples: number,
+  own: number,
+  helperCpu: () => number,
+  side: 'accepted' | 'dialled' = 'accepted',
+): Promise<{ cpuMs: number; childCpuMs: number; wallMs: number }> {
   const port = (server.address() as AddressInfo).port;
   let wall = 0;
   let self = 0;
@@ -76,7 +87,8 @@ async function measure(server: Server, lookup: PeerUidLookup, samples: number, o
     const [s] = await accepted;
     const before = cpu(helperCpu);
     const t0 = process.hrtime.bigint();
-    const uid = await lookup(s.remoteAddress ?? '', s.remotePort ?? 0, s.localAddress ?? '', s.localPort ?? 0);
+    const e = side === 'accepted' ? s : client;
+    const uid = await lookup(e.remoteAddress ?? '', e.remotePort ?? 0, e.localAddress ?? '', e.localPort ?? 0);
     wall += Number(process.hrtime.bigint() - t0) / 1e6;
     const after = cpu(helperCpu);
     self += after.self - before.self;
@@ -111,10 +123,13 @@ export async function runPeerCheck(log: (line: string) => void, sizes = [1_000, 
           ['procfs', (...a: Parameters<PeerUidLookup>) => peerUid(...a), sockets > 5_000 ? 20 : 50],
           ['ss per connection', (...a: Parameters<PeerUidLookup>) => peerUidBySs(...a), 200],
           ['sock_diag helper', (...a: Parameters<PeerUidLookup>) => helper.lookup(...a), 2_000],
+          // Once per new plain-http loopback upstream connection (src/http/upstream-guard.ts).
+          ['upstream guard', (...a: Parameters<PeerUidLookup>) => helper.lookup(...a, true), 2_000],
         ] as const) {
           const helperCpu = (): number => (helper.pid === undefined ? 0 : cpuMicros(helper.pid));
-          await measure(server, lookup, 3, own, helperCpu); // warm-up (and the helper's start)
-          const r = await measure(server, lookup, samples, own, helperCpu);
+          const side = method === 'upstream guard' ? 'dialled' : 'accepted';
+          await measure(server, lookup, 3, own, helperCpu, side); // warm-up (and the helper's start)
+          const r = await measure(server, lookup, samples, own, helperCpu, side);
           const fig: PeerCheckFigure = { sockets, method, samples, ...r };
           figures.push(fig);
           log(`  ${method.padEnd(18)} ${r.cpuMs.toFixed(2)} ms CPU per connection (children ${r.childCpuMs.toFixed(2)}), ${r.wallMs.toFixed(2)} ms wall, ${samples} samples`);

@@ -28,6 +28,8 @@ export const errorTable = {
   token_unavailable: { status: 503, message: 'No valid token is available for this binding; renewal may not have run yet.' },
   token_rejected: { status: 503, message: 'The upstream rejected the current token; renewal may be failing.' },
   upstream_unreachable: { status: 502, message: 'The upstream could not be reached.' },
+  upstream_untrusted: { status: 502, message: 'The upstream is plain http on loopback and its listener belongs to a user not trusted with a token; nothing was sent.' },
+  upstream_loop: { status: 502, message: "The upstream is one of this host's own listeners; nothing was sent." },
   upstream_timeout: { status: 504, message: 'The upstream did not answer in time.' },
   too_many_connections: { status: 429, message: 'This local user has too many connections open to this service.' },
   too_many_streams: { status: 429, message: 'This local user has too many requests in flight on this service.' },
@@ -92,6 +94,8 @@ export function sendError(res: ServerResponse, err: AppError, extraHeaders: Reco
  */
 export function mapUpstreamError(err: unknown, clientGone: boolean): AppError | ClientGoneError {
   if (clientGone) return new ClientGoneError();
+  // The upstream guard's refusal (upstream-guard.ts), passed through undici's connect.
+  if (err instanceof AppError) return err;
   if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.ConnectTimeoutError) {
     return new AppError('upstream_timeout');
   }

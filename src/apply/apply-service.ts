@@ -31,7 +31,7 @@ export interface ApplyConfig {
    * (injected by the CLI). Without it, or without the file, apply does only what it
    * always did.
    */
-  reconcile?: Pick<ReconcileDeps, 'renderShims' | 'allowedCommands'>;
+  reconcile?: Pick<ReconcileDeps, 'renderShims' | 'allowedCommands' | 'reservedPorts'>;
   /** Tokens applied, ignored and rejected (`--metrics-listen`). */
   metrics?: ApplyMetrics | undefined;
 }

@@ -4,7 +4,8 @@ import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
-import { desiredStateVersion, MAX_STATE_BYTES, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import type { ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
@@ -105,6 +106,8 @@ export interface ReconcileDeps {
    * Without it, none: a state naming one is rejected whole.
    */
   allowedCommands?: () => Promise<ReadonlySet<string>>;
+  /** This host's own listener ports: a state aiming an upstream at one is rejected. */
+  reservedPorts?: readonly number[] | undefined;
   log: Logger;
   now?: () => number;
   signal?: AbortSignal;
@@ -184,6 +187,11 @@ async function allowedCommandsOf(deps: ReconcileDeps): Promise<ReadonlySet<strin
   }
 }
 
+function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly number[] | undefined): ParseResult<DesiredState> {
+  const own = parsed.ok && ports ? ownListenerUpstream(parsed.value, ports) : undefined;
+  return own === undefined ? parsed : { ok: false, error: own };
+}
+
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -199,7 +207,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const digest = unsafe ? `unsafe:${unsafe.key}` : createHash('sha256').update(text).digest('hex');
     if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
-    const parsed = unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text);
+    const parsed = withoutOwnListeners(unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text), deps.reservedPorts);
     // The schema holds the rules every reader holds; the host-tool rule needs the
     // operator's allow file, read here, each time (it is small and rarely changes).
     const error = parsed.ok ? hostToolProblem(parsed.value.providers, await allowedCommandsOf(deps)) : parsed.error;

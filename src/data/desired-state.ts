@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { commandSchema, duplicateCommand, providerNameSchema, providerSchema, type Catalog } from './catalog.js';
+import { isLoopbackHostname } from '../net/loopback-address.js';
 import { parseJsonWith, type ParseResult } from './parse.js';
 import { tlsCatalogProblem } from './tls-hosts.js';
 import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
@@ -137,3 +138,29 @@ export function toLocalConfig(state: DesiredState, layout: TokenLayout): { insta
 
 /** The hand-off file's name inside `<handoff>/`. */
 export const DESIRED_STATE_FILE = 'desired-state.json';
+
+/**
+ * Why a state aims an upstream at one of this host's own listeners (`ports`: both proxies'
+ * and metrics ports), or undefined. A forwarder whose upstream is itself turned one request
+ * into 15 000 sockets; the proxies refuse such a dispatch anyway, apply refuses the state
+ * first so the operator sees it as a rejected state. Loopback upstreams as such stay
+ * allowed (SPEC §5: tests, dev, a local service): the proxies check who listens there.
+ */
+export function ownListenerUpstream(state: DesiredState, ports: readonly number[]): string | undefined {
+  const hits = (value: string): number | undefined => {
+    const url = new URL(value);
+    const port = url.port === '' ? (url.protocol === 'https:' ? 443 : 80) : Number(url.port);
+    return isLoopbackHostname(url.hostname.replace(/^\[|\]$/g, '')) && ports.includes(port) ? port : undefined;
+  };
+  for (const b of Object.values(state.bindings)) {
+    const port = hits(b.upstreamUrl);
+    if (port !== undefined) return `a binding's upstreamUrl is this host's own listener (port ${port})`;
+  }
+  for (const p of Object.values(state.providers)) {
+    // A TLS-mode provider has hosts, never loopback ones (data/tls-hosts.ts), and no upstream.
+    if (p.upstream === undefined) continue;
+    const port = hits(p.upstream);
+    if (port !== undefined) return `a provider's upstream is this host's own listener (port ${port})`;
+  }
+  return undefined;
+}

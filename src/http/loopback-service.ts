@@ -4,13 +4,14 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { PeerAccess } from './peer-access.js';
-import { choosePeerUidLookup } from './peer-uid.js';
+import { sharedPeerUidLookups, type PeerUidLookups } from './peer-uid.js';
 import type { Agent } from 'undici';
 import { HotFile, type HotFileOptions } from '../config/hot-file.js';
 import { LINK_USER } from '../data/unit-names.js';
 import type { Service, ServiceContext } from '../service/service.js';
 import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
+import { UpstreamGuard } from './upstream-guard.js';
 import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen, refuseConnection } from './server.js';
@@ -88,9 +89,27 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
       try {
         cleanups.push(() => config.close());
         await config.start();
-        const agent = createUpstreamAgent(spec.upstream);
+        // During an overload episode its refusals are logged once, not once per connection.
+        const self: SelfState = { port: spec.listen.port, access: undefined, overloaded: false };
+        const lookups = sharedPeerUidLookups({
+          onOverload: (e) => {
+            self.overloaded = e.kind === 'saturated';
+            if (e.kind === 'saturated') log.warn({ outstanding: e.outstanding }, 'peer check overloaded (the sock_diag helper is not answering): new connections are refused until it catches up');
+            else log.info({ refused: e.refused }, 'peer check caught up; connections are checked again');
+          },
+        });
+        cleanups.push(() => lookups.close());
+        const guard = new UpstreamGuard({
+          what: 'upstream',
+          listenerOwner: async () => (await lookups.get()).listenerOwner,
+          ownerUids: spec.upstream.loopbackOwnerUids,
+          isAgent: (uid) => self.access?.isAgent(uid) ?? spec.allowedUids?.has(uid) ?? false,
+          reservedPorts: () => [self.port, ...(spec.upstream.reservedPorts ?? [])],
+          log,
+        });
+        const agent = createUpstreamAgent(spec.upstream, guard);
         cleanups.push(() => agent.close().catch(() => undefined));
-        await serve(spec, { signal, log, notifier, onReload, config, agent, cleanups });
+        await serve(spec, { signal, log, notifier, onReload, config, agent, cleanups, self, lookups: lookups.get });
       } finally {
         for (const cleanup of cleanups.reverse()) await cleanup();
       }
@@ -98,9 +117,18 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
   };
 }
 
+/** What the upstream guard asks of the running part: its bound port, its agent users. */
+interface SelfState {
+  port: number;
+  access: PeerAccess | undefined;
+  overloaded: boolean;
+}
+
 interface Running<T> extends ServiceContext {
   config: HotFile<T>;
   agent: Agent;
+  self: SelfState;
+  lookups: () => Promise<PeerUidLookups>;
   /** Registered as each resource is taken, released in reverse by the caller. */
   cleanups: Array<() => Promise<void> | void>;
 }
@@ -109,7 +137,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const { log, notifier, config } = r;
   const inflight = new InFlight();
   let stopping = false;
-  let port = spec.listen.port;
+  const { self } = r;
   const allowed = new WeakMap<Socket, Promise<boolean>>();
   const checked = spec.allowedUids !== undefined || spec.agentUsersFile !== undefined;
   const peerAllowed = checked ? (req: IncomingMessage): Promise<boolean> => allowed.get(req.socket) ?? Promise.resolve(false) : undefined;
@@ -137,7 +165,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     if (refused.has(req.socket)) return 'answered';
     return limits.request(uid, res);
   };
-  const deps = { config, agent: r.agent, log, inflight, port: () => port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer, admit };
+  const deps = { config, agent: r.agent, log, inflight, port: () => self.port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer, admit };
   const server = createLoopbackServer(spec.handler(deps));
   const tunnels = spec.connect?.({
     ...deps,
@@ -176,19 +204,11 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     const peers = access;
     r.cleanups.push(() => peers.close());
     await peers.start();
+    self.access = peers;
   }
   if (readUids) {
     const peers = access;
-    // During an overload episode its refusals are logged once, not once per connection.
-    let overloaded = false;
-    const { lookup, method, skipped, close } = await choosePeerUidLookup({
-      onOverload: (e) => {
-        overloaded = e.kind === 'saturated';
-        if (e.kind === 'saturated') log.warn({ outstanding: e.outstanding }, 'peer check overloaded (the sock_diag helper is not answering): new connections are refused until it catches up');
-        else log.info({ refused: e.refused }, 'peer check caught up; connections are checked again');
-      },
-    });
-    r.cleanups.push(close);
+    const { lookup, method, skipped } = await r.lookups();
     if (method === 'sock_diag') log.info({ method }, 'peer check ready');
     else log.warn({ method, skipped: Object.values(skipped) }, 'peer check: the sock_diag helper (perl) is unusable; this fallback costs more per connection as the host\'s sockets grow');
     // Once per connection, not per request: keep-alive requests pay nothing.
@@ -210,7 +230,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
       const decision = uid.then(async (uid) => {
         const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
-        if (!ok && !socket.destroyed && !(uid === undefined && overloaded)) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
+        if (!ok && !socket.destroyed && !(uid === undefined && self.overloaded)) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
         return ok;
       });
       allowed.set(socket, decision);
@@ -222,7 +242,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   r.cleanups.push(() => {
     if (server.listening) server.close();
   });
-  port = bound.port;
+  self.port = bound.port;
   log.info({ address: bound.address, port: bound.port }, `${spec.name} listening`);
   spec.onListening?.(bound.port);
 

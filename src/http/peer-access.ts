@@ -111,6 +111,11 @@ export class PeerAccess {
     await this.file?.close();
   }
 
+  /** A UID this service serves as an agent (`--allowed-uids`, the agent-users file). */
+  isAgent(uid: number): boolean {
+    return (this.options.fixed?.has(uid) ?? false) || (this.file?.current.value.includes(uid) ?? false);
+  }
+
   async allows(uid: number): Promise<boolean> {
     if (this.options.always.has(uid) || (this.options.fixed?.has(uid) ?? false) || (this.file?.current.value.includes(uid) ?? false)) return true;
     const dynamic = this.options.alwaysDynamic ?? [];

@@ -56,7 +56,7 @@ function candidates(remote: string, remotePort: number, local: string, localPort
  * owner in the uid column. No shared secret is involved, so there is nothing for an agent
  * to leak. Undefined when the entry is gone (client already closed) or unreadable.
  */
-export async function peerUid(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, procRoot = ''): Promise<number | undefined> {
+export async function peerUid(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, procRoot = '', established = false): Promise<number | undefined> {
   for (const c of candidates(remoteAddress, remotePort, localAddress, localPort)) {
     // Asynchronous on purpose: the kernel walks its whole socket table to produce this
     // file (milliseconds on a busy host); that must not stall the event loop.
@@ -68,7 +68,8 @@ export async function peerUid(remoteAddress: string, remotePort: number, localAd
     }
     for (const line of table.split('\n')) {
       const cols = line.trim().split(/\s+/);
-      if (cols[1] === c.client && cols[2] === c.server) {
+      // st 01 is ESTABLISHED (see SockDiagHelper.lookup for why a listener check needs it).
+      if (cols[1] === c.client && cols[2] === c.server && (!established || cols[3] === '01')) {
         const uid = Number(cols[7]);
         return Number.isInteger(uid) ? uid : undefined;
       }
@@ -97,8 +98,8 @@ const SS_MAX_OUTPUT = 64 * 1024;
  * `ino:` (always printed with -e) proves the details were printed at all. Undefined when
  * no socket matched, or ss failed (both refuse the connection).
  */
-export function peerUidBySs(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, ss = 'ss'): Promise<number | undefined> {
-  const args = ['-tnHe', 'state', 'connected', 'src', ssEndpoint(remoteAddress, remotePort), 'dst', ssEndpoint(localAddress, localPort)];
+export function peerUidBySs(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, ss = 'ss', established = false): Promise<number | undefined> {
+  const args = ['-tnHe', 'state', established ? 'established' : 'connected', 'src', ssEndpoint(remoteAddress, remotePort), 'dst', ssEndpoint(localAddress, localPort)];
   return new Promise((resolve) => {
     execFile(ss, args, { env: {}, timeout: SS_TIMEOUT_MS, maxBuffer: SS_MAX_OUTPUT, encoding: 'latin1' }, (err, stdout) => {
       if (err) {
@@ -119,6 +120,17 @@ export function peerUidBySs(remoteAddress: string, remotePort: number, localAddr
 export type PeerUidLookup = (remoteAddress: string, remotePort: number, localAddress: string, localPort: number) => Promise<number | undefined>;
 
 export type PeerUidMethod = 'sock_diag' | 'ss' | 'procfs';
+
+/** The chosen method, for both directions. */
+export interface PeerUidLookups {
+  /** The owner of a connection we accepted (the client's process). */
+  lookup: PeerUidLookup;
+  /** The owner of the listener a connection we made reached (its accepted socket, ESTABLISHED only). */
+  listenerOwner: PeerUidLookup;
+  method: PeerUidMethod;
+  skipped: Partial<Record<PeerUidMethod, string>>;
+  close: () => void;
+}
 
 /** Answers `lookup` for a loopback connection of our own: our UID, or why not. */
 async function selfCheck(lookup: PeerUidLookup): Promise<string | undefined> {
@@ -155,22 +167,33 @@ async function selfCheck(lookup: PeerUidLookup): Promise<string | undefined> {
  * for a connection of our own with our own UID (which also catches one that reads every
  * owner as root). `skipped` says why the cheaper ones were not taken.
  */
-export async function choosePeerUidLookup(opts: { perl?: string; ss?: string; onOverload?: (event: OverloadEvent) => void } = {}): Promise<{
-  lookup: PeerUidLookup;
-  method: PeerUidMethod;
-  skipped: Partial<Record<PeerUidMethod, string>>;
-  close: () => void;
-}> {
+export async function choosePeerUidLookup(opts: { perl?: string; ss?: string; onOverload?: (event: OverloadEvent) => void } = {}): Promise<PeerUidLookups> {
   const skipped: Partial<Record<PeerUidMethod, string>> = {};
   const helper = new SockDiagHelper({ ...(opts.perl === undefined ? {} : { perl: opts.perl }), onOverload: opts.onOverload });
   const viaHelper: PeerUidLookup = (...a) => helper.lookup(...a);
   const helperWhy = await selfCheck(viaHelper);
-  if (helperWhy === undefined) return { lookup: viaHelper, method: 'sock_diag', skipped, close: () => helper.close() };
+  if (helperWhy === undefined) {
+    return { lookup: viaHelper, listenerOwner: (...a) => helper.lookup(...a, true), method: 'sock_diag', skipped, close: () => helper.close() };
+  }
   helper.close();
   skipped.sock_diag = `perl sock_diag helper: ${helperWhy}`;
   const viaSs: PeerUidLookup = (...a) => peerUidBySs(...a, opts.ss);
   const ssWhy = await selfCheck(viaSs);
-  if (ssWhy === undefined) return { lookup: viaSs, method: 'ss', skipped, close: () => undefined };
+  if (ssWhy === undefined) return { lookup: viaSs, listenerOwner: (...a) => peerUidBySs(...a, opts.ss, true), method: 'ss', skipped, close: () => undefined };
   skipped.ss = `ss: ${ssWhy}`;
-  return { lookup: (...a) => peerUid(...a), method: 'procfs', skipped, close: () => undefined };
+  return { lookup: (...a) => peerUid(...a), listenerOwner: (...a) => peerUid(...a, '', true), method: 'procfs', skipped, close: () => undefined };
+}
+
+/**
+ * The choice made on first use and shared: one helper process answers both the inbound
+ * peer check and the upstream guard. `close` ends it whenever it was started.
+ */
+export function sharedPeerUidLookups(opts: Parameters<typeof choosePeerUidLookup>[0] = {}): { get: () => Promise<PeerUidLookups>; close: () => Promise<void> } {
+  let chosen: Promise<PeerUidLookups> | undefined;
+  return {
+    get: () => (chosen ??= choosePeerUidLookup(opts)),
+    close: async () => {
+      (await chosen)?.close();
+    },
+  };
 }

@@ -9,8 +9,8 @@ import { createInterface } from 'node:readline';
  * perl-base is Essential on Debian, so it is on every host the package installs on.
  *
  * Protocol, one line each way, answers in order: `<family 4|6> <src> <sport> <dst> <dport>`
- * → the owner UID of the socket whose local end is src:sport and remote end dst:dport, or
- * `-` when there is none.
+ * → `<uid> <state>` of the socket whose local end is src:sport and remote end dst:dport
+ * (state as the kernel numbers it, 1 = ESTABLISHED), or `-` when there is none.
  */
 const SCRIPT = String.raw`
 use strict; use warnings; use Socket qw(inet_pton AF_INET AF_INET6);
@@ -25,19 +25,22 @@ while (my $line = <STDIN>) {
   $seq++;
   my $req = pack('CCCCL', $af, 6, 0, 0, 0xffffffff) . pack('nna16a16LLL', $sport, $dport, $s, $d, 0, 0xffffffff, 0xffffffff);
   send($nl, pack('LSSLL', 16 + length($req), 20, 1, $seq, 0) . $req, 0) or die "send: $!\n";
-  my $uid = '-';
+  my $answer = '-';
   while (1) {
     defined(recv($nl, my $buf, 65536, 0)) or die "recv: $!\n";
     my ($len, $type, $flags, $rseq) = unpack('LSSL', $buf);
     next unless defined $rseq && $rseq == $seq;
-    $uid = unpack('L', substr($buf, 80, 4)) if $type == 20 && length($buf) >= 84;
+    $answer = unpack('L', substr($buf, 80, 4)) . ' ' . unpack('C', substr($buf, 17, 1)) if $type == 20 && length($buf) >= 84;
     last;
   }
-  print "$uid\n";
+  print "$answer\n";
 }
 `;
 
-type Waiter = (uid: number | undefined) => void;
+/** The kernel's TCP_ESTABLISHED. */
+const ESTABLISHED = 1;
+
+type Waiter = (answer: { uid: number; state: number } | undefined) => void;
 
 /**
  * Questions the helper may owe at once. A helper that stops answering (stopped, starved of
@@ -87,8 +90,8 @@ export class SockDiagHelper {
     const child = spawn(this.perl, ['-e', SCRIPT], { env: {}, stdio: ['pipe', 'pipe', 'ignore'] });
     child.stdin!.on('error', () => undefined);
     createInterface({ input: child.stdout! }).on('line', (line) => {
-      const uid = /^\d+$/.test(line) ? Number(line) : undefined;
-      this.waiting.shift()?.(uid);
+      const m = /^(\d+) (\d+)$/.exec(line);
+      this.waiting.shift()?.(m ? { uid: Number(m[1]), state: Number(m[2]) } : undefined);
       this.drained();
     });
     const fail = (): void => {
@@ -102,8 +105,16 @@ export class SockDiagHelper {
     return child;
   }
 
-  /** The peer of a connection we accepted: the client socket's local end is our remote end. */
-  lookup(remoteAddress: string, remotePort: number, localAddress: string, localPort: number): Promise<number | undefined> {
+  /**
+   * The owner of the socket at the other end of one of ours: its local end is our remote
+   * end. For a connection we accepted that is the client's socket; for one we made, the
+   * socket the listener's side holds for it, owned by the listener's owner.
+   *
+   * `established`: only a socket in ESTABLISHED counts. The kernel reports a half-open
+   * server side (a request socket, left so when the listener's accept queue is full) as
+   * SYN_RECV with uid 0, which would pass for root.
+   */
+  lookup(remoteAddress: string, remotePort: number, localAddress: string, localPort: number, established = false): Promise<number | undefined> {
     const r4 = v4Of(remoteAddress);
     const l4 = v4Of(localAddress);
     const q = r4 && l4 ? `4 ${r4} ${remotePort} ${l4} ${localPort}` : `6 ${remoteAddress} ${remotePort} ${localAddress} ${localPort}`;
@@ -120,7 +131,7 @@ export class SockDiagHelper {
     this.child ??= this.start();
     const child = this.child;
     return new Promise((resolve) => {
-      this.waiting.push(resolve);
+      this.waiting.push((answer) => resolve(answer && (!established || answer.state === ESTABLISHED) ? answer.uid : undefined));
       child.stdin!.write(`${q}\n`);
     });
   }

@@ -1,10 +1,15 @@
 import { Agent, buildConnector } from 'undici';
 import type { Socket } from 'node:net';
+import { guardedConnector, type UpstreamGuard } from './upstream-guard.js';
 
 export interface UpstreamOptions {
   /** Time allowed for the upstream's response headers. Tool calls can be long. */
   headersTimeoutMs: number;
   connectTimeoutMs: number;
+  /** UIDs besides root and the service's own whose plain-http loopback listeners may get a token (`--loopback-owner-uids`). */
+  loopbackOwnerUids?: ReadonlySet<number> | undefined;
+  /** This host's own listener ports (both proxies', metrics), as configured: never an upstream. */
+  reservedPorts?: readonly number[] | undefined;
 }
 
 export const defaultUpstreamOptions: UpstreamOptions = {
@@ -17,17 +22,13 @@ export const defaultUpstreamOptions: UpstreamOptions = {
  * silent SSE stream or a long tool call. TLS verification stays on (undici's default);
  * nothing here can turn it off. Redirects are never followed (plain dispatch).
  */
-export function createUpstreamAgent(options: UpstreamOptions = defaultUpstreamOptions): Agent {
+export function createUpstreamAgent(options: UpstreamOptions = defaultUpstreamOptions, guard?: UpstreamGuard): Agent {
   const connector = buildConnector({ timeout: options.connectTimeoutMs });
   return new Agent({
     headersTimeout: options.headersTimeoutMs,
     bodyTimeout: 0,
-    connect: (opts, callback) => {
-      connector(opts, (...result) => {
-        if (result[1]) closeIfNeverUsed(result[1]);
-        callback(...result);
-      });
-    },
+    // The timer starts once the guard has passed the socket: its lookup is not idle time.
+    connect: guardedConnector(connector, guard, closeIfNeverUsed),
     keepAliveTimeout: 4_000,
     pipelining: 1,
   });

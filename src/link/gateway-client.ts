@@ -1,5 +1,8 @@
-import { Agent } from 'undici';
+import { Agent, buildConnector } from 'undici';
 import { linkUrl } from '../data/link-wire.js';
+import { sharedPeerUidLookups } from '../http/peer-uid.js';
+import { guardedConnector, UpstreamGuard } from '../http/upstream-guard.js';
+import type { Logger } from '../log/logger.js';
 import { parseRetryAfter } from '../net/backoff.js';
 import { BodyTooLargeError, readBodyBounded } from '../net/bounded-body.js';
 
@@ -48,14 +51,32 @@ function networkCode(err: unknown, signal?: AbortSignal): string {
   return e.cause?.code ?? e.code ?? (signal?.aborted ? 'aborted' : 'network_error');
 }
 
+export interface GatewayClientOptions {
+  connectTimeoutMs?: number;
+  /** Besides root and our own, users whose plain-http loopback Gateway may get the credential (`--loopback-owner-uids`). */
+  loopbackOwnerUids?: ReadonlySet<number> | undefined;
+  /** Where a refused connection is reported (the outcome carries only its code). */
+  log?: Logger | undefined;
+}
+
 export class GatewayClient {
   readonly #agent: Agent;
+  readonly #lookups = sharedPeerUidLookups();
 
   constructor(
     readonly gatewayUrl: string,
-    options: { connectTimeoutMs?: number } = {},
+    options: GatewayClientOptions = {},
   ) {
-    this.#agent = new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 } });
+    // A plain-http (loopback) Gateway gets the credential, or the pairing code, only from a
+    // listener the kernel says is ours, root's or a listed user's: not an agent squatting
+    // the port of a stopped one (upstream-guard.ts).
+    const guard = new UpstreamGuard({
+      what: 'gateway',
+      listenerOwner: async () => (await this.#lookups.get()).listenerOwner,
+      ownerUids: options.loopbackOwnerUids,
+      log: options.log,
+    });
+    this.#agent = new Agent({ connect: guardedConnector(buildConnector({ timeout: options.connectTimeoutMs ?? 10_000 }), guard) });
   }
 
   url(path: string, query?: Record<string, string>): URL {
@@ -98,5 +119,6 @@ export class GatewayClient {
 
   async close(): Promise<void> {
     await this.#agent.destroy().catch(() => undefined);
+    await this.#lookups.close();
   }
 }

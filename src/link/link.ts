@@ -12,6 +12,8 @@ import { createStatePoller, type StatePollerConfig } from './state-poller.js';
 export interface LinkConfig {
   gatewayUrl: string;
   credentialPath: string;
+  /** Besides root and the link's own user, who may own a plain-http loopback Gateway (`--loopback-owner-uids`). */
+  loopbackOwnerUids?: ReadonlySet<number> | undefined;
   renewal: RenewalConfig;
   /** The state poll, presence and the audit upload: an enrolled host's (one with a host id). Undefined: renewals only. */
   enrolled?:
@@ -31,8 +33,8 @@ export interface LinkConfig {
  * presence report soon after.
  */
 export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
-  const client = new GatewayClient(config.gatewayUrl);
   const linkLog = log.child({ part: 'link' });
+  const client = new GatewayClient(config.gatewayUrl, { loopbackOwnerUids: config.loopbackOwnerUids, log: linkLog });
   const credential = new HostCredential(config.credentialPath, client, linkLog);
   let onPruned: () => void = () => undefined;
   const pruned = new Promise<void>((resolve) => (onPruned = resolve));

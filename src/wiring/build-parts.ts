@@ -17,6 +17,7 @@ import { createNotifier, type Notifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
+import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { benchToggle } from './metrics-flag.js';
 
 /** Where apply renders the desired state's shims, and the cli-proxy URL baked into them. */
@@ -108,6 +109,27 @@ function checkMetricsPort(config: PartsConfig): void {
   }
 }
 
+/** A `host:port` default's port. */
+function portOf(hostPort: string): number {
+  return Number(hostPort.slice(hostPort.lastIndexOf(':') + 1));
+}
+
+/**
+ * This host's own listeners, as far as this process knows them: both proxies' default
+ * ports (in production each runs in a process of its own, under one user, so the
+ * owner check alone would not tell them from a real upstream), the configured ones and
+ * the metrics port. Ports picked by the kernel are added as they are bound, into the same
+ * array the upstream guards read.
+ */
+function reservedPorts(config: PartsConfig): number[] {
+  const ports = [portOf(DEFAULT_FORWARDER_LISTEN), portOf(DEFAULT_CLI_PROXY_LISTEN)];
+  for (const listen of [config.forwarder?.listen, config.cliProxy?.listen, config.metrics?.listen]) if (listen?.port) ports.push(listen.port);
+  // apply knows where the cli-proxy is from the URL it bakes into the shims.
+  const shimProxy = config.apply?.shims?.proxyUrl;
+  if (shimProxy) ports.push(Number(new URL(shimProxy).port || 80));
+  return ports;
+}
+
 /**
  * The one wiring of the product: every command that runs a part, and `dev`, build their
  * services here, so `dev` is the production wiring plus the demo Gateway and nothing else.
@@ -117,6 +139,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
   const parts = partsOf(config);
   const metrics = config.metrics && registriesFor(parts);
   const services: Service[] = [];
+  const reserved = reservedPorts(config);
 
   // Presence reports the health of the proxies; when they run in this process their real
   // ports (maybe picked by the kernel) replace the configured URLs as they listen.
@@ -133,6 +156,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
         ...apply,
         reconcile: shims && {
           allowedCommands: () => readAllowedCommands(shims.allowedCommandsFile ?? ALLOWED_COMMANDS_FILE),
+          reservedPorts: reserved,
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
             const r = await installShims(catalog, shims.dir, proxyUrl, shims.caBundle);
@@ -165,8 +189,9 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
     const cliProxy = config.cliProxy;
     services.push(
       createCliProxyService({
-        config: { ...cliProxy, observer: metrics && createHttpMetrics(metrics.of('cli-proxy'), 'providers.json') },
+        config: { ...cliProxy, upstream: { ...cliProxy.upstream, reservedPorts: reserved }, observer: metrics && createHttpMetrics(metrics.of('cli-proxy'), 'providers.json') },
         onListening: (port) => {
+          reserved.push(port);
           const base = loopbackBase(cliProxy.listen, port);
           health['cli-proxy'] = `${base}/healthz`;
           cliProxyKnown?.(base);
@@ -179,8 +204,9 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
     const forwarder = config.forwarder;
     services.push(
       createForwarderService({
-        config: { ...forwarder, observer: metrics && benchToggle(createHttpMetrics(metrics.of('forwarder'), 'instances.json')) },
+        config: { ...forwarder, upstream: { ...forwarder.upstream, reservedPorts: reserved }, observer: metrics && benchToggle(createHttpMetrics(metrics.of('forwarder'), 'instances.json')) },
         onListening: (port) => {
+          reserved.push(port);
           health.forwarder = `${loopbackBase(forwarder.listen, port)}/healthz`;
           hooks.forwarderListening?.(port);
         },
@@ -188,8 +214,17 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
     );
   }
   if (config.metrics && metrics) {
+    const onMetrics = config.metrics.onListening;
     services.push(
-      createMetricsService({ listen: config.metrics.listen, registry: metrics.exposition, onListening: config.metrics.onListening, allowedUids: config.metrics.allowedUids }),
+      createMetricsService({
+        listen: config.metrics.listen,
+        registry: metrics.exposition,
+        allowedUids: config.metrics.allowedUids,
+        onListening: (port) => {
+          reserved.push(port);
+          onMetrics?.(port);
+        },
+      }),
     );
   }
   return services;

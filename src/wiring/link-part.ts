@@ -15,7 +15,7 @@ import { version } from '../version.js';
 import type { PartsConfig } from './build-parts.js';
 import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { addMetricsFlag } from './metrics-flag.js';
-import { layoutFrom, logLevelOption, loopbackHttpUrl, OptionErrors, positiveInt } from './options.js';
+import { layoutFrom, logLevelOption, LOOPBACK_OWNER_HELP, loopbackHttpUrl, loopbackOwnerUids, OptionErrors, positiveInt } from './options.js';
 import { metricsTarget, str, type Opts } from './part-flags.js';
 
 
@@ -41,6 +41,7 @@ export function addLinkFlags(cmd: Command): Command {
     .option('--audit-dir <dir>', 'the native_cli audit spool the cli-proxy writes (default: <state>/audit)')
     .option('--no-audit', 'do not upload native_cli audit events')
     .option('--audit-min-gap-ms <n>', 'least time between two audit uploads (a burst goes up as one batch)', String(defaultAuditUploadConfig.minGapMs))
+    .option('--loopback-owner-uids <list>', LOOPBACK_OWNER_HELP)
     .addOption(logLevelOption());
 }
 
@@ -62,6 +63,7 @@ export function linkConfig(identity: LinkIdentity, tuning: Partial<LinkTuning> =
   return {
     gatewayUrl: identity.gatewayUrl,
     credentialPath: identity.credentialPath,
+    loopbackOwnerUids: t.loopbackOwnerUids,
     renewal: {
       ...defaultRenewalConfig,
       handoffDir,
@@ -99,6 +101,7 @@ export interface LinkTuning {
   agentUsersFile: string | undefined;
   audit: boolean;
   auditMinGapMs: number;
+  loopbackOwnerUids?: ReadonlySet<number> | undefined;
 }
 
 export const defaultLinkTuning: LinkTuning = {
@@ -158,6 +161,7 @@ export async function linkPartsFrom(opts: Opts, env: NodeJS.ProcessEnv = process
     agentUsersFile: str(opts.agentUsersFile) ? resolve(str(opts.agentUsersFile) as string) : undefined,
     audit: opts.audit !== false,
     auditMinGapMs: int('--audit-min-gap-ms', opts.auditMinGapMs, d.auditMinGapMs),
+    loopbackOwnerUids: loopbackOwnerUids(opts, errors),
   };
   errors.done();
   const link = linkConfig(

@@ -114,6 +114,15 @@ export function loggerFrom(opts: { logLevel?: unknown }): Logger {
   return createLogger(parseOption(logLevel, opts.logLevel, '--log-level'));
 }
 
+export const LOOPBACK_OWNER_HELP =
+  'besides root and this service\'s user, the users (UIDs or names, comma-separated) whose plain-http loopback listeners may receive a token or the host credential; never an agent user';
+
+/** `--loopback-owner-uids`, parsed like `--allowed-uids`. */
+export function loopbackOwnerUids(opts: Record<string, unknown>, errors: OptionErrors): Set<number> | undefined {
+  const value = typeof opts.loopbackOwnerUids === 'string' ? opts.loopbackOwnerUids : undefined;
+  return errors.attempt(() => parseAllowedUids(value, undefined, '--loopback-owner-uids'), undefined);
+}
+
 /** The options of a loopback server (forwarder and cli-proxy), with its defaults. */
 export function addServerOptions(cmd: Command, defaults: { listen: string; bodyLimit: number }): Command {
   return cmd
@@ -123,6 +132,7 @@ export function addServerOptions(cmd: Command, defaults: { listen: string; bodyL
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, time in-flight requests get to finish', '10000')
     .option('--allowed-uids <list>', 'only these local users (UIDs or names, comma-separated) may connect')
     .option('--agent-users-file <file>', 'only the users named in this file (one name or UID per line; watched), root and the service user may connect')
+    .option('--loopback-owner-uids <list>', LOOPBACK_OWNER_HELP)
     .option('--token-wait-ms <n>', 'after an upstream 401, how long to wait for a renewed token before answering 503 token_rejected (0: do not wait)', String(DEFAULT_TOKEN_WAIT_MS))
     .option('--max-connections <n>', 'connections open at once, all users (default: (open-files limit − reserve) / 2)')
     .option('--max-connections-per-uid <n>', 'connections one local user may hold open (default: a quarter of --max-connections; 0: no limit)')
@@ -150,7 +160,11 @@ export function serverOptions(opts: Record<string, unknown>, errors: OptionError
   return {
     listen: errors.attempt(() => parseListen(String(opts.listen)), NO_LISTEN),
     bodyLimit: errors.parse(positiveInt, opts.bodyLimitBytes, '--body-limit-bytes', 1),
-    upstream: { ...defaultUpstreamOptions, headersTimeoutMs: errors.parse(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms', 1) },
+    upstream: {
+      ...defaultUpstreamOptions,
+      headersTimeoutMs: errors.parse(positiveInt, opts.headersTimeoutMs, '--headers-timeout-ms', 1),
+      loopbackOwnerUids: loopbackOwnerUids(opts, errors),
+    },
     shutdownGraceMs: errors.parse(positiveInt, opts.shutdownGraceMs, '--shutdown-grace-ms', 1),
     allowedUids: errors.attempt(() => parseAllowedUids(typeof opts.allowedUids === 'string' ? opts.allowedUids : undefined), undefined),
     agentUsersFile: typeof opts.agentUsersFile === 'string' ? resolve(opts.agentUsersFile) : undefined,

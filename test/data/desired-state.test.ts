@@ -3,6 +3,7 @@ import { performance } from 'node:perf_hooks';
 import {
   MAX_BINDINGS,
   MAX_STATE_BYTES,
+  ownListenerUpstream,
   parseDesiredState,
   slotsOf,
   toLocalConfig,
@@ -141,4 +142,19 @@ t.test('toLocalConfig: host-chosen token paths, and files the forwarder and cli-
 
   const empty: DesiredState = { version: 3, bindings: {}, providers: {} };
   t.same(toLocalConfig(empty, layout), { instances: {}, catalog: {} });
+});
+
+t.test('ownListenerUpstream: an upstream at one of the host\'s own listener ports is named; other loopback ports are not', async (t) => {
+  const parse = (patch: Parameters<typeof state>[0]): DesiredState => {
+    const r = parseDesiredState(state(patch));
+    if (!r.ok) throw new Error(r.error);
+    return r.value;
+  };
+  const ports = [14323, 14324, 9464];
+  t.equal(ownListenerUpstream(parse({}), ports), undefined, 'https upstreams elsewhere');
+  t.equal(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:8080/mcp' } } }), ports), undefined, 'another loopback port');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:14323/i/x/mcp' } } }), ports), /binding.*port 14323/);
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://[::1]:14324/p' } } }), ports), /port 14324/, 'IPv6 loopback');
+  t.match(ownListenerUpstream(parse({ providers: { notion: { ...provider, upstream: 'https://localhost:9464' } } }), ports), /provider.*port 9464/, 'https by name too');
+  t.equal(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'https://gateway.example.com:14323/mcp' } } }), ports), undefined, 'the same port elsewhere');
 });

@@ -96,6 +96,16 @@ t.test('synthetic: IPv4 loopback → the uid column of the client socket', async
   t.equal(await peerUid('127.0.0.1', 50000, '127.0.0.1', 8082, root), undefined, 'another server port: no entry');
 });
 
+t.test('synthetic: the listener side of a connection we made, ESTABLISHED only (the upstream guard)', async (t) => {
+  // We dialled from 50000 to 8080: the far end is the server's accepted socket.
+  const root = procRoot(v4Rows(V4_LO, V4_LO), []);
+  t.equal(await peerUid('127.0.0.1', 8080, '127.0.0.1', 50000, root, true), SERVER_UID, 'the accepted socket: the listener\'s owner');
+  // A half-open server side (SYN_RECV, st 03) is listed with uid 0 by the kernel: never taken for root.
+  const half = procRoot([{ local: `${V4_LO}:${SRV}`, remote: `${V4_LO}:${CLI}`, st: '03', uid: 0 }], []);
+  t.equal(await peerUid('127.0.0.1', 8080, '127.0.0.1', 50000, half, true), undefined, 'SYN_RECV: no answer');
+  t.equal(await peerUid('127.0.0.1', 8080, '127.0.0.1', 50000, half), 0, 'without the state rule it would pass as root');
+});
+
 t.test('synthetic: IPv4 other loopback addresses and ports of every width', async (t) => {
   const root = procRoot(
     [
