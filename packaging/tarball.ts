@@ -34,6 +34,8 @@ export interface TarballOptions {
   /** <package>_<version>_<arch>: the file's name and its top directory. */
   name: string;
   libDir: string;
+  /** xz's preset, 1–9. */
+  xzLevel: string;
 }
 
 export async function writeTarball(o: TarballOptions): Promise<string> {
@@ -61,6 +63,6 @@ export async function writeTarball(o: TarballOptions): Promise<string> {
   }
   const tarball = join(o.out, `${o.name}.tar.xz`);
   // Owners as the .deb has them (root), whoever builds; -T0: xz on every core.
-  await execa('tar', ['--owner=0', '--group=0', '--numeric-owner', '--sort=name', '-C', stage, '-cf', tarball, '-I', 'xz -T0', relative(stage, top)]);
+  await execa('tar', ['--owner=0', '--group=0', '--numeric-owner', '--sort=name', '-C', stage, '-cf', tarball, '-I', `xz -T0 -${o.xzLevel}`, relative(stage, top)]);
   return tarball;
 }

@@ -5,8 +5,9 @@
 #   test/tools/debian-root.sh bookworm|trixie
 #
 # What is in it: variant minbase, systemd, and what a host already has where the package
-# is installed (passwd for useradd, procps, curl for the lab's own checks); on bookworm
-# also the distribution's own nodejs (18), to show the package does not use it.
+# is installed (passwd for useradd, procps, curl for the lab's own checks), and the
+# distribution's own nodejs: on bookworm (18) to show the package does not use it, on
+# trixie (20.19) for the previous release, which ran on the system's Node.
 #
 # The cache: $AGENT_CONNECTORS_ROOT_CACHE, else $XDG_CACHE_HOME/agent-connectors-lab, else
 # /var/cache/agent-connectors-lab; one directory per suite and UTC day
@@ -21,8 +22,7 @@ die() { echo "debian-root: $2" >&2; exit "$1"; }
 
 SUITE=${1:?usage: debian-root.sh bookworm|trixie}
 case "$SUITE" in
-  bookworm) extra=,nodejs ;;
-  trixie) extra= ;;
+  bookworm | trixie) ;;
   *) die 2 "unknown suite $SUITE (bookworm or trixie)" ;;
 esac
 [ "$(id -u)" = 0 ] || die 2 "needs root (mmdebstrap --mode=root)"
@@ -54,7 +54,7 @@ start=$(date +%s)
 mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)\/\{0,1\}$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
 mirror=${mirror:-http://deb.debian.org/debian}
 mmdebstrap --mode=root --variant=minbase --format=directory \
-  --include="systemd,systemd-sysv,dbus,passwd,procps,curl,ca-certificates$extra" \
+  --include=systemd,systemd-sysv,dbus,passwd,procps,curl,ca-certificates,nodejs \
   --dpkgopt=force-unsafe-io --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   "$SUITE" "$NEW/root" "$mirror" >"$NEW/mmdebstrap.log" 2>&1 || { tail -n 30 "$NEW/mmdebstrap.log" >&2; die 1 "mmdebstrap $SUITE failed"; }
