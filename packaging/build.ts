@@ -1,11 +1,11 @@
 /**
  * `npm run package`: builds agent-connectors_<version>_<arch>.deb with Debian's own
- * dpkg-deb, and with --tarball the same tree as agent-connectors_<version>_<arch>.tar.xz
+ * dpkg-deb, and with --tarball the same tree as agent-connectors_<version>_<arch>.tar.gz
  * for hosts without dpkg.
  *
  *   node build/packaging/build.js [--arch amd64|arm64|all] [--version V] [--out DIR] [--tarball] [--fast]
  *
- * --fast: xz level 1 instead of 6 (the labs and gates: the same files, a few MiB larger,
+ * --fast: xz (and the tarball's gzip) level 1 instead of 6 (the labs and gates: the same files, a few MiB larger,
  * minutes less on a busy machine; xz -6 of the 136 MiB tree took over 12 min at a load of 20).
  *
  * amd64 and arm64 carry their Node (packaging/node-runtime.ts, docs/design/carried-runtime.md)
@@ -147,7 +147,7 @@ async function main(): Promise<void> {
     const size = (await stat(deb)).size;
     process.stdout.write(`${deb}\n${basename(deb)}: ${(size / 1024 / 1024).toFixed(1)} MiB (${size} bytes), installed ${slots.INSTALLED_SIZE} KiB\n`);
     if (values.tarball) {
-      const tarball = await writeTarball({ root, debian, out, name: `${pkg.name}_${version}_${arch}`, libDir: l.libDir, xzLevel: level });
+      const tarball = await writeTarball({ root, debian, out, name: `${pkg.name}_${version}_${arch}`, libDir: l.libDir, level });
       const tsize = (await stat(tarball)).size;
       process.stdout.write(`${tarball}\n${basename(tarball)}: ${(tsize / 1024 / 1024).toFixed(1)} MiB (${tsize} bytes)\n`);
     }

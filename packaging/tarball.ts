@@ -34,8 +34,8 @@ export interface TarballOptions {
   /** <package>_<version>_<arch>: the file's name and its top directory. */
   name: string;
   libDir: string;
-  /** xz's preset, 1–9. */
-  xzLevel: string;
+  /** gzip's level, 1–9. */
+  level: string;
 }
 
 export async function writeTarball(o: TarballOptions): Promise<string> {
@@ -61,8 +61,9 @@ export async function writeTarball(o: TarballOptions): Promise<string> {
     await writeFile(dest, text, { mode: 0o755 });
     await chmod(dest, 0o755);
   }
-  const tarball = join(o.out, `${o.name}.tar.xz`);
-  // Owners as the .deb has them (root), whoever builds; -T0: xz on every core.
-  await execa('tar', ['--owner=0', '--group=0', '--numeric-owner', '--sort=name', '-C', stage, '-cf', tarball, '-I', `xz -T0 -${o.xzLevel}`, relative(stage, top)]);
+  // gzip, not xz: a stock minbase Debian has no xz to unpack it with (the lab found that).
+  const tarball = join(o.out, `${o.name}.tar.gz`);
+  // Owners as the .deb has them (root), whoever builds.
+  await execa('tar', ['--owner=0', '--group=0', '--numeric-owner', '--sort=name', '-C', stage, '-cf', tarball, '-I', `gzip -${o.level}`, relative(stage, top)]);
   return tarball;
 }

@@ -1,7 +1,8 @@
-import { existsSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { REPO_ROOT } from '../../test/support/cli-proc.js';
-import { run } from '../../test/support/lab.js';
+import { Lab, run } from '../../test/support/lab.js';
+import type { TapTest } from '../../test/support/tap.js';
 import { tempDir } from '../../test/support/temp-dir.js';
 
 /**
@@ -40,7 +41,7 @@ export function currentPackage(): Promise<CurrentPackage> {
       timeoutMs: BUILD_TIMEOUT_MS,
     });
     const deb = join(out, `agent-connectors_${CURRENT_VERSION}_${arch}.deb`);
-    const tarball = join(out, `agent-connectors_${CURRENT_VERSION}_${arch}.tar.xz`);
+    const tarball = join(out, `agent-connectors_${CURRENT_VERSION}_${arch}.tar.gz`);
     const ok = r.code === 0 && existsSync(deb) && existsSync(tarball);
     return { ok, log: `${r.stdout}${r.stderr}${ok ? '' : `(${r.timedOut ? 'timed out' : `exit ${r.code}`})`}`, deb, tarball, arch };
   })();
@@ -61,4 +62,49 @@ export function debianRootSkipReason(): string | undefined {
   if (!existsSync('/usr/bin/mmdebstrap')) return 'the package labs make stock Debian roots with mmdebstrap (Debian: apt-get install mmdebstrap)';
   if (!existsSync('/usr/bin/dpkg-deb')) return 'building the package needs dpkg-deb (Debian: the dpkg package)';
   return undefined;
+}
+
+export interface PackageLabScratch {
+  scratch: string;
+  /** The lab's WORK directory: its /tmp is private, so what it must see lives here. */
+  work: string;
+  /** Under work: the packages, where dpkg inside can read them. */
+  debs: string;
+  /** The lab's unit path: links to where the package puts its units. */
+  unitDir: string;
+  /** Boots the lab on `root` (the teardown ends it, and on a failure shows its output and journal); fails the test when it cannot. */
+  boot: (root: string, limitS: number) => Promise<Lab | undefined>;
+}
+
+/** The scratch directories of a package lab, removed at the end unless the test failed. */
+export function packageLabScratch(t: TapTest, prefix: string): PackageLabScratch {
+  const scratch = tempDir(prefix);
+  const work = join(scratch, 'work');
+  const debs = join(work, 'debs');
+  const unitDir = join(scratch, 'units');
+  mkdirSync(debs, { recursive: true });
+  mkdirSync(unitDir);
+  let lab: Lab | undefined;
+  t.teardown(async () => {
+    if (lab) {
+      const journal = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
+      await lab.shutdown();
+      if (!t.passing()) {
+        t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
+        t.comment(`---- journal (last 150 lines) ----\n${journal.split('\n').slice(-150).join('\n')}`);
+      }
+    }
+    if (t.passing()) rmSync(scratch, { recursive: true, force: true });
+    else t.comment(`scratch dir (kept): ${scratch}`);
+  });
+  const boot = async (root: string, limitS: number): Promise<Lab | undefined> => {
+    try {
+      lab = await Lab.boot({ unitDir, work, root, limitS });
+      return lab;
+    } catch (err) {
+      t.fail((err as Error).message);
+      return undefined;
+    }
+  };
+  return { scratch, work, debs, unitDir, boot };
 }

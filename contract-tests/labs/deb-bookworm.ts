@@ -1,15 +1,14 @@
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, symlinkSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
+import { FORWARDER_PORT, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
 import type { TapTest } from '../../test/support/tap.js';
-import { tempDir } from '../../test/support/temp-dir.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
-import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
+import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
@@ -48,25 +47,7 @@ const LEFTOVERS = "find /etc /usr /var /opt \\( -name '*agent-connectors*' -o -n
 t.setTimeout(BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('Debian 12 as it ships (its nodejs 18): the .deb and the tarball on the Node they carry', { skip: unlessMissing(t, skipReason()), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
-  const scratch = tempDir('ac-bookworm-lab-');
-  const work = join(scratch, 'work');
-  const debs = join(work, 'debs');
-  const unitDir = join(scratch, 'units');
-  mkdirSync(debs, { recursive: true });
-  mkdirSync(unitDir);
-  let lab: Lab | undefined;
-  t.teardown(async () => {
-    if (lab) {
-      const journal = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
-      await lab.shutdown();
-      if (!t.passing()) {
-        t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
-        t.comment(`---- journal (last 150 lines) ----\n${journal.split('\n').slice(-150).join('\n')}`);
-      }
-    }
-    if (t.passing()) rmSync(scratch, { recursive: true, force: true });
-    else t.comment(`scratch dir (kept): ${scratch}`);
-  });
+  const { work, debs, unitDir, boot } = packageLabScratch(t, 'ac-bookworm-lab-');
 
   const started = Date.now();
   const built = await currentPackage();
@@ -97,13 +78,8 @@ t.test('Debian 12 as it ships (its nodejs 18): the .deb and the tarball on the N
   t.teardown(() => upstream.close());
 
   const booted = Date.now();
-  try {
-    lab = await Lab.boot({ unitDir, work, root: bookworm.root, limitS: Math.ceil(BUDGET_MS / 1000) });
-  } catch (err) {
-    t.fail((err as Error).message);
-    return;
-  }
-  const l = lab;
+  const l = await boot(bookworm.root, Math.ceil(BUDGET_MS / 1000));
+  if (!l) return;
   const step = labSteps(t);
   const dpkgOutput: string[] = [];
   const dpkg = async (args: string): Promise<string> => {
@@ -180,8 +156,8 @@ t.test('Debian 12 as it ships (its nodejs 18): the .deb and the tarball on the N
   });
 
   await step(`the tarball: install.sh, the services, uninstall.sh --purge`, async (tt) => {
-    const top = basename(tarball).replace(/\.tar\.xz$/, '');
-    await l.sh(`mkdir -p /root/dl && tar -xJf ${tarball} -C /root/dl`, 120_000);
+    const top = basename(tarball).replace(/\.tar\.gz$/, '');
+    await l.sh(`mkdir -p /root/dl && tar -xzf ${tarball} -C /root/dl`, 120_000);
     const out = await l.sh(`/root/dl/${top}/install.sh 2>&1`, 120_000);
     tt.match(out, new RegExp(`agent-connectors ${V} installed`), 'install.sh says what it installed');
     tt.equal((await l.exec(`dpkg-query -W ${PKG}`)).code, 1, 'dpkg knows nothing of it');

@@ -1,15 +1,14 @@
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
 import { REPO_ROOT } from '../../test/support/cli-proc.js';
-import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
+import { FORWARDER_PORT, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
-import { tempDir } from '../../test/support/temp-dir.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
-import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
+import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
@@ -100,26 +99,7 @@ function skipReason(): string | undefined {
 t.setTimeout(BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', { skip: unlessMissing(t, skipReason()), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
-  const scratch = tempDir('ac-deb-lab-');
-  // The lab's /tmp is private: what it must see lives under its WORK directory.
-  const work = join(scratch, 'work');
-  const debs = join(work, 'debs');
-  const unitDir = join(scratch, 'units');
-  mkdirSync(debs, { recursive: true });
-  mkdirSync(unitDir);
-  let lab: Lab | undefined;
-  t.teardown(async () => {
-    if (lab) {
-      const journal = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
-      await lab.shutdown();
-      if (!t.passing()) {
-        t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
-        t.comment(`---- journal (last 150 lines) ----\n${journal.split('\n').slice(-150).join('\n')}`);
-      }
-    }
-    if (t.passing()) rmSync(scratch, { recursive: true, force: true });
-    else t.comment(`scratch dir (kept): ${scratch}`);
-  });
+  const { scratch, work, debs, unitDir, boot } = packageLabScratch(t, 'ac-deb-lab-');
 
   const HOST_PATHS = ['/usr/lib/agent-connectors', '/usr/bin/agent-connectors', `/usr/lib/systemd/system/${TARGET}`, ETC];
   const hostBefore = HOST_PATHS.filter((p) => existsSync(p));
@@ -159,13 +139,8 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
-  try {
-    lab = await Lab.boot({ unitDir, work, root: trixie.root, limitS: Math.ceil(BUDGET_MS / 1000) });
-  } catch (err) {
-    t.fail((err as Error).message);
-    return;
-  }
-  const l = lab;
+  const l = await boot(trixie.root, Math.ceil(BUDGET_MS / 1000));
+  if (!l) return;
 
   const step = labSteps(t);
   // Both packages' Depends from Debian 13 itself: nodejs 20.19 for the previous release.
