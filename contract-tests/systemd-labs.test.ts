@@ -4,6 +4,7 @@ import { LAB_QUEUE_ALLOWANCE_MS } from '../test/support/lab.js';
 import './labs/installed-units.js';
 import './labs/host-link.js';
 import './labs/deb.js';
+import './labs/deb-bookworm.js';
 
 /**
  * The systemd lab scenarios (docs/testing.md) in one test file. Every lab serves the units'
@@ -12,4 +13,4 @@ import './labs/deb.js';
  * waited for the other. Here they run in turn and leave the other jobs to the rest.
  */
 // Whatever the scenarios asked for, the file as a whole: their budgets plus a queue for the lock.
-t.setTimeout(50 * 60_000 + LAB_QUEUE_ALLOWANCE_MS);
+t.setTimeout(100 * 60_000 + LAB_QUEUE_ALLOWANCE_MS);

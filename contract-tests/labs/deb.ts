@@ -1,25 +1,28 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
 import { REPO_ROOT } from '../../test/support/cli-proc.js';
-import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
+import { FORWARDER_PORT, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
-import { tempDir } from '../../test/support/temp-dir.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
+import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
 /**
- * The .deb as an operator meets it (issue 13): the previous release's package, built from
- * git (PREVIOUS_COMMIT, with its own builder), and this checkout's, and the systemd lab
- * (test/tools/systemd-lab.sh with LAB_OVERLAY=1: writable overlays of the host's /etc,
- * /usr and dpkg database, so the host is never changed) installs the first with dpkg, runs
+ * The .deb as an operator meets it (issue 13), on Debian 13 as it ships (issue 22): the
+ * previous release's package, built from git (PREVIOUS_COMMIT, with its own builder), and
+ * this checkout's, and the systemd lab booting a stock trixie root (test/tools/debian-root.sh,
+ * a writable overlay of it: the host is never changed) installs the first with dpkg, runs
  * it, upgrades to the second while an MCP client holds its SSE stream, removes and purges
  * it. The upgrade is also 0.1.0's renew-fetch unit becoming the link (issue 19): its
- * enablement, state and renew-fetch.env move over. docs/packaging.md has the transcript.
+ * enablement, state and renew-fetch.env move over; and the system's Node becoming the
+ * carried one (the previous release ran on trixie's nodejs 20.19, which is why the upgrade
+ * is tested here and not on Debian 12, whose nodejs 18 it could not run on: labs/deb-bookworm.ts
+ * installs this package there fresh). docs/packaging.md has the transcript.
  *
  * The lab's unit path is a directory of its own, so it holds links to where the package
  * puts its units (/usr/lib/systemd/system); they resolve once dpkg has unpacked them.
@@ -27,7 +30,7 @@ import { McpUpstream } from '../helpers/mcp-upstream.js';
 
 const PKG = 'agent-connectors';
 const V1 = '0.1.0-lab1';
-const V2 = '0.1.0-lab2';
+const V2 = CURRENT_VERSION;
 /** The release before the link got its name (0.1.0): V1 is built from it. */
 const PREVIOUS_COMMIT = '4f2567f';
 const TARGET = 'agent-connectors.target';
@@ -41,19 +44,17 @@ const LINK_STATE = '/var/lib/private/agent-connectors-link';
 const STATE = '/var/lib/agent-connectors';
 const SHIMS = '/var/lib/agent-connectors-shims';
 const ETC = '/etc/agent-connectors';
+const CARRIED_NODE = '/usr/lib/agent-connectors/node/bin/node';
 const INSTANCE = 'lab-deb';
 const PROVIDER = 'labprov';
 const COMMAND = 'labcli';
 const BINDING = `deb_${randomBytes(12).toString('base64url')}`;
 const ENABLE_LINK = `/etc/systemd/system/multi-user.target.wants/${TARGET}`;
 const TARGET_WANTS = `/etc/systemd/system/${TARGET}.wants`;
-const BUILDER = join(REPO_ROOT, 'build/packaging/build.js');
 /** Long enough that no renewal rotates the token during the run: this file is about the package. */
 const TOKEN_LIFETIME_MS = 30 * 60_000;
-/** Building a .deb runs npm ci and xz: minutes on a busy two-core machine (over 5 at a load of 25). */
-const BUILD_TIMEOUT_MS = 8 * 60_000;
-/** The previous release's build installs its dependencies and compiles its dist/ and builder first (one BUILD_TIMEOUT_MS a step). */
-const BUDGET_MS = 4 * BUILD_TIMEOUT_MS + 5 * 60_000;
+/** The previous release's build installs its dependencies and compiles its dist/ and builder first (one BUILD_TIMEOUT_MS a step), then this checkout's, then the root. */
+const BUDGET_MS = 4 * BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 5 * 60_000;
 /**
  * The previous release's .deb, as its own checkout would build it: its tree from git, its
  * own dependencies from its own lockfile (`npm ci`: this checkout's differ, 0.1.0 still had
@@ -89,9 +90,8 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 function skipReason(): string | undefined {
   const lab = labSkipReason();
   if (lab) return lab;
-  if (!existsSync('/usr/bin/dpkg') || !existsSync('/usr/bin/dpkg-deb')) return 'the .deb test needs dpkg and dpkg-deb (Debian: the dpkg package)';
-  if (!/\boverlay\b/.test(readFileSync('/proc/filesystems', 'utf8'))) return 'the .deb lab needs overlayfs (LAB_OVERLAY=1), which this kernel lacks';
-  if (!existsSync('/usr/bin/node')) return "the package's units run /usr/bin/node (Depends: nodejs), which is missing here";
+  const root = debianRootSkipReason();
+  if (root) return root;
   if (!existsSync(join(REPO_ROOT, '.git'))) return `the upgrade from the previous release builds it from git (${PREVIOUS_COMMIT}); this checkout has no .git`;
   return undefined;
 }
@@ -99,45 +99,30 @@ function skipReason(): string | undefined {
 t.setTimeout(BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', { skip: unlessMissing(t, skipReason()), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
-  const scratch = tempDir('ac-deb-lab-');
-  // The lab's /tmp is private: what it must see lives under its WORK directory.
-  const work = join(scratch, 'work');
-  const debs = join(work, 'debs');
-  const unitDir = join(scratch, 'units');
-  mkdirSync(debs, { recursive: true });
-  mkdirSync(unitDir);
-  let lab: Lab | undefined;
-  t.teardown(async () => {
-    if (lab) {
-      const journal = (await lab.exec('journalctl --no-pager -o short-monotonic -u "agent-connectors*"')).stdout;
-      await lab.shutdown();
-      if (!t.passing()) {
-        t.comment(`---- lab script output ----\n${lab.output.join('\n')}`);
-        t.comment(`---- journal (last 150 lines) ----\n${journal.split('\n').slice(-150).join('\n')}`);
-      }
-    }
-    if (t.passing()) rmSync(scratch, { recursive: true, force: true });
-    else t.comment(`scratch dir (kept): ${scratch}`);
-  });
+  const { scratch, work, debs, unitDir, boot } = packageLabScratch(t, 'ac-deb-lab-');
 
   const HOST_PATHS = ['/usr/lib/agent-connectors', '/usr/bin/agent-connectors', `/usr/lib/systemd/system/${TARGET}`, ETC];
   const hostBefore = HOST_PATHS.filter((p) => existsSync(p));
 
   // ---- host side: the two packages, the Gateway, the upstream -----------------------------
-  const debOf = (v: string): string => join(debs, `${PKG}_${v}_all.deb`);
   // One after the other: two builds at once on a busy two-core machine ran each past its timeout.
   const previous = await buildPrevious(join(scratch, 'previous'), V1, debs);
-  const currentRun = previous.ok ? await run(process.execPath, [BUILDER, '--version', V2, '--out', debs], { env: { HOME: process.env.HOME ?? '/root' }, timeoutMs: BUILD_TIMEOUT_MS }) : undefined;
-  const current = {
-    ok: currentRun?.code === 0,
-    log: currentRun ? `${currentRun.stdout}${currentRun.stderr}${currentRun.code === 0 ? '' : `(${currentRun.timedOut ? 'timed out' : `exit ${currentRun.code}`})`}` : 'not built',
-  };
+  const current = previous.ok ? await currentPackage() : { ok: false, log: 'not built', deb: '', arch: '' };
+  // The previous release was Architecture: all (on the system's Node); this one carries its own.
+  const debOf = (v: string): string => join(debs, v === V1 ? `${PKG}_${v}_all.deb` : `${PKG}_${v}_${current.arch}.deb`);
+  if (current.ok) copyFileSync(current.deb, debOf(V2));
   for (const [v, built] of [[V1, previous], [V2, current]] as const) {
     if (!built.ok || !existsSync(debOf(v))) {
       t.fail(`building ${v} failed:\n${built.log}`);
       return;
     }
     t.comment(built.log.trim().split('\n').at(-1) ?? '');
+  }
+  const trixie = await debianRoot('trixie');
+  t.comment(trixie.log);
+  if (!trixie.root) {
+    t.fail(`no Debian 13 root: ${trixie.log}`);
+    return;
   }
   const unitsOf = async (v: string): Promise<string[]> =>
     [...(await run('dpkg-deb', ['-c', debOf(v)])).stdout.matchAll(/ \.\/usr\/lib\/systemd\/system\/(\S+)$/gm)].map((m) => m[1] ?? '').sort();
@@ -146,11 +131,6 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   t.same(await unitsOf(V2), [TARGET, ...SERVICES].sort(), `${V2} ships them with the link as ${LINK}`);
   // Links for both packages' units: the new one's resolves once dpkg has unpacked it.
   for (const unit of new Set([...units, LINK])) symlinkSync(`/usr/lib/systemd/system/${unit}`, join(unitDir, unit));
-  // Depends: nodejs is the real package's; a node that no Debian package installed (some CI
-  // images) cannot satisfy it, so only then does this test tell dpkg to go on regardless.
-  const nodeFromDpkg = (await run('dpkg-query', ['-W', '-f', '${Status}', 'nodejs'])).stdout === 'install ok installed';
-  const dpkgI = `dpkg -i${nodeFromDpkg ? '' : ' --force-depends'}`;
-  if (!nodeFromDpkg) t.comment('nodejs is not a dpkg package here: installing with --force-depends (the test only; the package keeps Depends: nodejs)');
 
   const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`, `cli:${PROVIDER}`] });
@@ -159,15 +139,17 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
   t.teardown(() => upstream.close());
 
-  try {
-    lab = await Lab.boot({ unitDir, work, overlay: true, limitS: Math.ceil(BUDGET_MS / 1000) });
-  } catch (err) {
-    t.fail((err as Error).message);
-    return;
-  }
-  const l = lab;
+  const l = await boot(trixie.root, Math.ceil(BUDGET_MS / 1000));
+  if (!l) return;
 
   const step = labSteps(t);
+  // Both packages' Depends from Debian 13 itself: nodejs 20.19 for the previous release.
+  const dpkgI = 'dpkg -i';
+  await step('a stock Debian 13 root, with its own nodejs for the previous release', async (tt) => {
+    tt.match(await l.sh('cat /etc/debian_version'), /^13\./, 'Debian 13');
+    tt.match(await l.sh("dpkg-query -W -f '${Version}' nodejs"), /^20\./, "trixie's nodejs 20, from Debian");
+    tt.equal((await l.exec('test -e /usr/lib/agent-connectors')).code, 1, 'no agent-connectors yet');
+  });
   const states = async (services = SERVICES): Promise<Record<string, string>> => {
     const out: Record<string, string> = {};
     for (const unit of services) out[unit] = (await l.show(unit, ['ActiveState'])).ActiveState ?? '';
@@ -293,6 +275,8 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
       const p = await l.waitShow(unit, ['ActiveState', 'SubState', 'MainPID'], (s) => s.ActiveState === 'active' && s.MainPID !== before[unit] && s.MainPID !== '0', 30_000);
       tt.same([p.ActiveState, p.SubState], ['active', 'running'], `${unit}: active (running), a new process (pid ${before[unit]} → ${p.MainPID})`);
     }
+    const exes = await l.sh(`for u in ${SERVICES.join(' ')}; do readlink /proc/$(systemctl show -p MainPID --value $u)/exe; done`);
+    tt.same([...new Set(exes.trim().split('\n'))], [CARRIED_NODE], `every service now runs on the carried Node (${CARRIED_NODE}), not trixie's /usr/bin/node`);
     const old = await l.show(OLD_LINK, ['LoadState', 'ActiveState']);
     tt.same([old.LoadState, old.ActiveState], ['not-found', 'inactive'], `${OLD_LINK}: stopped and gone`);
     tt.equal((await l.exec(`test -e ${TARGET_WANTS}/${LINK}`)).code, 0, `${LINK}: enabled, as ${OLD_LINK} was (${TARGET_WANTS}/${LINK} names an existing unit)`);
@@ -362,6 +346,6 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
 
   await step('the host itself was never touched', async (tt) => {
     tt.same(HOST_PATHS.filter((p) => existsSync(p)), hostBefore, `host: ${HOST_PATHS.join(', ')} as they were`);
-    tt.ok(statSync(join(work, 'overlay/usr/upper')).isDirectory(), "the lab's changes went to its overlay");
+    tt.ok(statSync(join(work, 'overlay/root/upper')).isDirectory(), "the lab's changes went to its overlay of the root");
   });
 });

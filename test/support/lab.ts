@@ -154,6 +154,8 @@ export interface LabOptions {
   appMount?: string;
   /** Writable overlays of the host's /etc, /usr and /var/lib/dpkg (the lab script's LAB_OVERLAY). */
   overlay?: boolean;
+  /** Another root file system to boot, as a writable overlay (the lab script's LAB_ROOT). */
+  root?: string;
   /** Scratch dir for the lab (stubs, console.log). */
   work: string;
   /** Hard limit for the whole lab, seconds (the lab script runs under `timeout -k 5`). */
@@ -303,6 +305,7 @@ export class Lab {
       APP_DIR: opts.appDir ?? '',
       APP_MOUNT: opts.appMount ?? '',
       LAB_OVERLAY: opts.overlay ? '1' : '',
+      LAB_ROOT: opts.root ?? '',
       WORK: opts.work,
       RUN_TIMEOUT: String((opts.limitS ?? 170) - 10),
     });
@@ -340,7 +343,8 @@ export class Lab {
   /** Runs a bash script inside the lab (as root, in systemd's pid/mount/cgroup/uts namespaces). */
   async exec(script: string, timeoutMs = 30_000): Promise<RunResult> {
     this.commands.push(script);
-    return run('nsenter', ['-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--', '/bin/bash', '-c', script], { timeoutMs, cwd: '/' });
+    // -r -w: systemd's root and directory, which with `root` are not the host's.
+    return run('nsenter', ['-t', String(this.hostPid), '-p', '-m', '-C', '-u', '-r', '-w', '--', '/bin/bash', '-c', script], { timeoutMs, cwd: '/' });
   }
 
   /** Like exec, but throws with the output when the script fails. */
@@ -384,7 +388,7 @@ export class Lab {
    */
   async waitJournal(unit: string, pred: (line: string) => boolean, timeoutMs = 20_000): Promise<string> {
     const [file, args] = cleanCommand('nsenter', [
-      '-t', String(this.hostPid), '-p', '-m', '-C', '-u', '--',
+      '-t', String(this.hostPid), '-p', '-m', '-C', '-u', '-r', '-w', '--',
       'timeout', String(Math.ceil(timeoutMs / 1000) + 5), 'journalctl', '--no-pager', '-o', 'cat', '--lines=all', '--follow', '-u', unit,
     ]);
     const child = spawn(file, args, { env: {}, stdio: ['ignore', 'pipe', 'ignore'], cwd: '/' });

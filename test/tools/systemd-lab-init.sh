@@ -75,6 +75,33 @@ else
 fi
 mount --bind "$(tty)" /dev/console
 hostname systemd-lab
+if [ -n "${LAB_ROOT:-}" ]; then
+  # Another distribution's root (a cached mmdebstrap tree): a writable overlay of it
+  # becomes / and its own systemd boots. /proc/sys and /sys are read-only inside, as
+  # systemd-nspawn has them, so no unit of that root (sysctl, binfmt, udev) changes the
+  # host's kernel; the lab's directories, /dev and the console are bound in.
+  new=$WORK/overlay/root/merged
+  overlay "$LAB_ROOT" root "$new"
+  mount -t proc proc "$new/proc"
+  mount --bind "$new/proc/sys" "$new/proc/sys"
+  mount -o remount,bind,ro "$new/proc/sys"
+  mount -t sysfs -o ro sysfs "$new/sys"
+  mount --rbind /sys/fs/cgroup "$new/sys/fs/cgroup"
+  mount --rbind /dev "$new/dev"
+  for dir in /run /tmp /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs "$new$dir"; done
+  chmod 755 "$new/run"
+  for dir in "$WORK" "$UNIT_DIR"; do
+    mkdir -p "$new$dir"
+    mount --bind "$dir" "$new$dir"
+  done
+  mount --make-rprivate /
+  cd "$new"
+  mkdir -p .lab-old-root
+  pivot_root . .lab-old-root
+  cd /
+  umount -l /.lab-old-root
+  rmdir /.lab-old-root
+fi
 # Private first (unshare --propagation private), so nothing propagates back to the host;
 # shared now, because systemd expects it: LoadCredential= and PrivateTmp= set up mounts in
 # a child namespace that must show up here.

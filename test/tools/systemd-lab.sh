@@ -21,6 +21,9 @@
 #   LAB_OVERLAY   1: the lab's /etc, /usr and /var/lib/dpkg are writable overlays of the
 #                 host's (changes land in WORK/overlay), so a package can be installed,
 #                 upgraded and purged inside; default: /etc read-only, /usr the host's
+#   LAB_ROOT      a root file system (test/tools/debian-root.sh makes stock Debian ones):
+#                 a writable overlay of it is the lab's / and its own systemd boots, so a
+#                 package meets that distribution as it ships (changes land in WORK/overlay)
 #
 # Exit codes besides the command's: 2 cannot run here (not root, a tool missing),
 # 3 systemd did not come up.
@@ -125,7 +128,9 @@ done
 # and unit status messages land in console.log. unshare --kill-child: should unshare die,
 # the lab's PID 1 goes with it.
 LAB_OVERLAY=${LAB_OVERLAY:-}
-export UNIT_DIR WORK APP_DIR APP_MOUNT LOGLEVEL STUBS PIDFILE LAB_OVERLAY
+LAB_ROOT=${LAB_ROOT:-}
+[ -z "$LAB_ROOT" ] || [ -x "$LAB_ROOT/lib/systemd/systemd" ] || die 2 "LAB_ROOT $LAB_ROOT has no /lib/systemd/systemd"
+export UNIT_DIR WORK APP_DIR APP_MOUNT LOGLEVEL STUBS PIDFILE LAB_OVERLAY LAB_ROOT
 script -qfec "exec unshare --pid --fork --mount --cgroup --uts --ipc --propagation private --kill-child bash '$TOOLS/systemd-lab-init.sh'" \
   "$CONSOLE" </dev/null >/dev/null 2>&1 &
 BOOT_PID=$!
@@ -134,8 +139,9 @@ BOOT_PID=$!
 state=""
 for _ in $(seq 1 $((BOOT_TIMEOUT * 10))); do
   if [ -z "$SD_PID" ] && [ -s "$PIDFILE" ]; then SD_PID=$(cat "$PIDFILE"); fi
-  if [ -n "$SD_PID" ] && [ "$(readlink "/proc/$SD_PID/exe" 2>/dev/null)" = "$(readlink -f "$SYSTEMD")" ]; then
-    state=$(nsenter -t "$SD_PID" -p -m -C -u timeout 2 systemctl is-system-running 2>/dev/null || true)
+  # The exe is the host's systemd, or with LAB_ROOT that root's (its path as seen inside).
+  if [ -n "$SD_PID" ] && case "$(readlink "/proc/$SD_PID/exe" 2>/dev/null)" in */systemd) true ;; *) false ;; esac; then
+    state=$(nsenter -t "$SD_PID" -p -m -C -u -r -w timeout 2 systemctl is-system-running 2>/dev/null || true)
     case "$state" in running | degraded) break ;; esac
   fi
   kill -0 "$BOOT_PID" 2>/dev/null || die 3 "the lab exited while booting; see $CONSOLE"
@@ -145,7 +151,7 @@ done
 echo "# systemd-lab host-pid=$SD_PID state=${state:-unknown}"
 
 set +e
-timeout -k 5 "$RUN_TIMEOUT" nsenter -t "$SD_PID" -p -m -C -u bash -c "$COMMAND"
+timeout -k 5 "$RUN_TIMEOUT" nsenter -t "$SD_PID" -p -m -C -u -r -w bash -c "$COMMAND"
 rc=$?
 echo "# systemd-lab command rc=$rc"
 exit $rc
