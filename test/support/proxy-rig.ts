@@ -62,7 +62,8 @@ export async function startProxy(t: TapTest, kind: ProxyKind, opts: ProxyOptions
     throw new Error(`${kind} exited (${code ?? signal}) before listening:\n${proc.lines.slice(-20).join('\n')}`);
   });
   died.catch(() => undefined);
-  const line = await Promise.race([proc.waitForLog((l) => l.msg === `${kind} listening`, 20_000), died]);
+  // A deadline, not a timing check: on a loaded 2-core machine a start took over 20 s (load 12).
+  const line = await Promise.race([proc.waitForLog((l) => l.msg === `${kind} listening`, 60_000), died]);
   const port = line.port as number;
   return Object.assign(proc, { kind, port, base: `http://127.0.0.1:${port}`, stateDir, dir, configPath });
 }
