@@ -138,10 +138,12 @@ t.test('one agent UID holding hanging streams past its limits gets 429s; another
   const refused = await a.waitFor(flood - streams, 'the flooder\'s requests past its stream limit answered');
   await gw.waitForRequests(streams);
   t.equal(gw.requests.filter((r) => r.method === 'GET').length, streams, `exactly its ${streams} streams reached the upstream`);
-  t.ok(
-    refused.every((r) => r.status === 429 && (r.error === 'too_many_streams' || r.error === 'too_many_connections')),
-    'every other request got a 429 too_many_streams or too_many_connections',
-  );
+  // The process's own cap may answer first on a loaded machine, where refused connections
+  // linger until their clients close them: that is a refusal too, never a served stream.
+  const refusal = (r: Answer): boolean =>
+    (r.status === 429 && (r.error === 'too_many_streams' || r.error === 'too_many_connections')) || (r.status === 503 && r.error === 'overloaded');
+  const kinds = [...new Set(refused.map((r) => `${r.status} ${r.error}`))].join(', ');
+  t.ok(refused.every(refusal), `every other request was refused: 429 too_many_streams / too_many_connections, or 503 overloaded (seen: ${kinds})`);
   t.ok(refused.some((r) => r.error === 'too_many_connections'), 'connections past its share were refused');
   t.ok(refused.some((r) => r.error === 'too_many_streams'), 'requests past its streams were refused');
 
