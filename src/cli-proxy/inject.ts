@@ -11,7 +11,9 @@ export function fill(template: string, token: string): string {
 
 /** The header names a request must lose before injection under `inject`. */
 export function strippedHeaders(inject: Inject): Set<string> {
-  const names = new Set([...AGENT_CREDENTIAL_HEADERS, 'host', 'origin', 'referer', 'forwarded']);
+  // `expect`: node's server has already answered the CLI's `100-continue`, and undici
+  // refuses to send the header (every PUT of `aws s3 cp` carried it and failed with 502).
+  const names = new Set([...AGENT_CREDENTIAL_HEADERS, 'host', 'origin', 'referer', 'forwarded', 'expect']);
   if (inject.type === 'header') names.add(inject.name.toLowerCase());
   if (inject.type === 'aws-sigv4') for (const name of AWS_SIGNATURE_HEADERS) names.add(name);
   return names;
