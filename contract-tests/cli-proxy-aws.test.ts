@@ -28,6 +28,8 @@ const STS_HOST = `sts.${REGION}.amazonaws.com`;
 const HOSTS = [S3_HOST, BUCKET_HOST, STS_HOST];
 /** Debian's package, not a copy in root's home the agent UID cannot reach. */
 const AWS = '/usr/bin/aws';
+/** A stop for a hung CLI, not a timing check: Python's start alone takes seconds on a busy machine. */
+const AWS_TIMEOUT_MS = 120_000;
 
 const missing = ['openssl'].filter((tool) => spawnSync(tool, ['version']).error !== undefined);
 if (spawnSync(AWS, ['--version']).error !== undefined) missing.push('aws');
@@ -174,7 +176,7 @@ async function main(): Promise<void> {
 
   t.test('aws s3 ls: ListBuckets reaches the fake S3 signed with the real key', async (t) => {
     const before = aws.seen.length;
-    const r = await runAsAgent(agent, 'aws s3 ls', { env });
+    const r = await runAsAgent(agent, 'aws s3 ls', { env, timeoutMs: AWS_TIMEOUT_MS });
     t.equal(r.code, 0, `aws exit 0 (${r.stderr.trim()})`);
     t.match(r.stdout, BUCKET, 'the bucket listed');
     const calls = aws.seen.slice(before);
@@ -195,7 +197,7 @@ async function main(): Promise<void> {
     const content = `hello from the agent ${process.pid}\n`.repeat(8000);
     writeFileSync(file, content, { mode: 0o644 });
     const before = aws.seen.length;
-    const r = await runAsAgent(agent, 'aws s3 cp "$1" "s3://$2/dir/up load.txt"', { env, args: [file, BUCKET] });
+    const r = await runAsAgent(agent, 'aws s3 cp "$1" "s3://$2/dir/up load.txt"', { env, args: [file, BUCKET], timeoutMs: AWS_TIMEOUT_MS });
     t.equal(r.code, 0, `aws exit 0 (${r.stderr.trim()})`);
     const calls = aws.seen.slice(before);
     const put = calls.find((c) => c.method === 'PUT');
@@ -208,7 +210,7 @@ async function main(): Promise<void> {
 
   t.test('aws sts get-caller-identity: a form-encoded POST to another service, its body hashed', async (t) => {
     const before = aws.seen.length;
-    const r = await runAsAgent(agent, 'aws sts get-caller-identity --output json', { env });
+    const r = await runAsAgent(agent, 'aws sts get-caller-identity --output json', { env, timeoutMs: AWS_TIMEOUT_MS });
     t.equal(r.code, 0, `aws exit 0 (${r.stderr.trim()})`);
     t.match(JSON.parse(r.stdout), { Account: '123456789012' });
     const call = aws.seen[before];
@@ -220,7 +222,7 @@ async function main(): Promise<void> {
   t.test('with the real key gone from the token file, nothing reaches AWS with a usable signature', async (t) => {
     writeToken(tokenFile, JSON.stringify({ ...REAL, secretAccessKey: 'WrongSecretWrongSecret00' }));
     t.teardown(() => writeToken(tokenFile, JSON.stringify(REAL)));
-    const r = await runAsAgent(agent, 'aws s3 ls', { env: { ...env, AWS_MAX_ATTEMPTS: '1' } });
+    const r = await runAsAgent(agent, 'aws s3 ls', { env: { ...env, AWS_MAX_ATTEMPTS: '1' }, timeoutMs: AWS_TIMEOUT_MS });
     t.not(r.code, 0, 'the CLI fails');
     t.match(r.stderr, /SignatureDoesNotMatch/, 'the fake S3 refused the signature');
   });

@@ -1,6 +1,7 @@
 import t from 'tap';
 import { AWS_SIGNATURE_HEADERS, awsScopeOfHost, parseAwsCredentials, signAws } from '../../src/cli-proxy/aws-sigv4.js';
 import { strippedHeaders } from '../../src/cli-proxy/inject.js';
+import { parseCatalog } from '../../src/data/catalog.js';
 import { AppError } from '../../src/errors.js';
 import type { HeaderRecord } from '../../src/http/headers.js';
 import { verifySigV4 } from '../support/sigv4-verify.js';
@@ -124,4 +125,11 @@ t.test('refused, nothing signed: chunk-signed uploads, a host of no AWS form, a 
   }
   await t.rejects(signAws(REAL, 'GET', new URL('https://api.github.com/user'), {}, undefined), AppError);
   await t.rejects(signAws(REAL, 'GET', new URL('https://s3.amazonaws.com/?a=%zz'), { 'x-amz-content-sha256': 'UNSIGNED-PAYLOAD' }, undefined), { code: 'aws_request_unsigned' });
+});
+
+t.test('the catalog takes inject {"type": "aws-sigv4"} and nothing more in it', async (t) => {
+  const provider = (inject: unknown): string =>
+    JSON.stringify({ aws: { mode: 'tls', hosts: ['sts.amazonaws.com', '*.s3.eu-west-1.amazonaws.com'], tokenFile: '/var/lib/x/aws.token', inject, commands: [{ name: 'aws', env: { AWS_ACCESS_KEY_ID: '{placeholder}' } }] } });
+  t.ok(parseCatalog(provider({ type: 'aws-sigv4' })).ok, 'accepted');
+  t.notOk(parseCatalog(provider({ type: 'aws-sigv4', region: 'us-east-1' })).ok, 'an extra field is refused');
 });
