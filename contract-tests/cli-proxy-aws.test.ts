@@ -4,7 +4,7 @@
  * under their real host names that accept only requests signed with the real key, checked
  * by a SigV4 verifier of the test's own (test/support/sigv4-verify.ts).
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { IncomingHttpHeaders } from 'node:http';
@@ -15,6 +15,7 @@ import { ensureAgentUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type
 import { knownSecrets, leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
 import { verifySigV4 } from '../test/support/sigv4-verify.js';
+import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
 
@@ -68,16 +69,10 @@ function decodeAwsChunked(body: Buffer): Buffer {
 
 /** One https server for every host, its certificate from the test's own CA; S3 and STS as far as the CLI calls them. */
 async function fakeAws(dir: string, agentUid: number): Promise<{ server: Server; port: number; seen: Seen[]; objects: Map<string, Buffer> }> {
-  const key = join(dir, 'aws.key');
-  const csr = join(dir, 'aws.csr');
-  const cert = join(dir, 'aws.pem');
-  const ext = join(dir, 'aws.ext');
-  writeFileSync(ext, `subjectAltName=${HOSTS.map((h) => `DNS:${h}`).join(',')}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n`);
-  execFileSync('openssl', ['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', csr, '-subj', `/CN=${S3_HOST}`], { stdio: 'pipe' });
-  execFileSync('openssl', ['x509', '-req', '-in', csr, '-CA', join(dir, 'ca.pem'), '-CAkey', join(dir, 'ca.key'), '-set_serial', String(Date.now()), '-days', '2', '-extfile', ext, '-out', cert], { stdio: 'pipe' });
+  const tls = issueServerCert(dir, 'aws', HOSTS);
   const seen: Seen[] = [];
   const objects = new Map<string, Buffer>();
-  const server = createServer({ key: readFileSync(key), cert: readFileSync(cert) });
+  const server = createServer(tls);
   server.on('request', (req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -140,8 +135,7 @@ async function main(): Promise<void> {
   mkdirSync(work, { mode: 0o777 });
   chmodSync(work, 0o777);
 
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', join(pki, 'ca.key'), '-out', join(pki, 'ca.pem'),
-    '-days', '2', '-subj', '/CN=fake AWS test CA', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign'], { stdio: 'pipe' });
+  makeTestCa(pki, 'fake AWS test CA');
   const testCa = join(base, 'test-ca.pem');
   copyFileSync(join(pki, 'ca.pem'), testCa);
   chmodSync(testCa, 0o644);

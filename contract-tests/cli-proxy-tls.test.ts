@@ -15,6 +15,7 @@ import t from 'tap';
 import { ensureAgentUser, existingUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type ProcSnapshot } from '../test/support/agent-user.js';
 import { leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
+import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
 
@@ -40,14 +41,7 @@ interface FakeSaas {
 
 /** An https server for `host`, its certificate from the test's own CA. */
 async function fakeSaas(dir: string, host: string, agentUid: number, answer: (headers: IncomingHttpHeaders) => [number, unknown]): Promise<FakeSaas> {
-  const key = join(dir, `${host}.key`);
-  const csr = join(dir, `${host}.csr`);
-  const cert = join(dir, `${host}.pem`);
-  const ext = join(dir, `${host}.ext`);
-  writeFileSync(ext, `subjectAltName=DNS:${host}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n`);
-  execFileSync('openssl', ['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', csr, '-subj', `/CN=${host}`], { stdio: 'pipe' });
-  execFileSync('openssl', ['x509', '-req', '-in', csr, '-CA', join(dir, 'ca.pem'), '-CAkey', join(dir, 'ca.key'), '-set_serial', String(Date.now()), '-days', '2', '-extfile', ext, '-out', cert], { stdio: 'pipe' });
-  const fake: FakeSaas = { server: createServer({ key: readFileSync(key), cert: readFileSync(cert) }), port: 0, requests: [] };
+  const fake: FakeSaas = { server: createServer(issueServerCert(dir, host, [host])), port: 0, requests: [] };
   fake.server.on('request', (req, res) => {
     fake.requests.push({ url: req.url ?? '', headers: req.headers, snapshot: snapshotProcsOf(agentUid) });
     const [status, body] = answer(req.headers);
@@ -91,8 +85,7 @@ async function main(): Promise<void> {
   writeFileSync(agentUsers, `${agent.name}\n`, { mode: 0o644 });
 
   // The fake SaaS's own CA: the proxy trusts it only through --upstream-ca.
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', join(pki, 'ca.key'), '-out', join(pki, 'ca.pem'),
-    '-days', '2', '-subj', '/CN=fake SaaS test CA', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign'], { stdio: 'pipe' });
+  makeTestCa(pki, 'fake SaaS test CA');
   const testCa = join(base, 'test-ca.pem');
   copyFileSync(join(pki, 'ca.pem'), testCa);
   chmodSync(testCa, 0o644);
