@@ -17,7 +17,7 @@ import { startProxy } from '../test/support/proxy-rig.js';
 import { verifySigV4 } from '../test/support/sigv4-verify.js';
 import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
 import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
+import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
 const REAL = { accessKeyId: 'AKIAREALCONTRACT0001', secretAccessKey: `RealSecret/${process.pid}+contract0aws0test0key00` };
 const PLACEHOLDER = 'AKIAPLACEHOLDER00000';
@@ -34,13 +34,7 @@ const AWS_TIMEOUT_MS = 120_000;
 
 const missing = ['openssl'].filter((tool) => spawnSync(tool, ['version']).error !== undefined);
 if (spawnSync(AWS, ['--version']).error !== undefined) missing.push('aws');
-if (process.getuid?.() !== 0 || missing.length > 0) {
-  const why = missing.length > 0 ? `needs ${missing.join(' and ')} (Debian packages awscli, openssl)` : 'needs root: creates an agent user and switches to it with setpriv';
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await whenRootWithTools(t, missing, 'awscli, openssl', main);
 
 interface Seen {
   method: string;

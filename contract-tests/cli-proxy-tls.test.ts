@@ -17,7 +17,7 @@ import { leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js
 import { startProxy } from '../test/support/proxy-rig.js';
 import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
 import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
+import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
 const TOKEN = `tok-tls-REAL-${process.pid}-9c2e41`;
 const PLACEHOLDER = 'ghp_agentconnectors000000000000000000000';
@@ -25,13 +25,7 @@ const CATALOG_HOST = 'api.github.com';
 const OTHER_HOST = 'example.org';
 
 const missing = ['curl', 'openssl'].filter((tool) => spawnSync(tool, ['--version']).error !== undefined);
-if (process.getuid?.() !== 0 || missing.length > 0) {
-  const why = missing.length > 0 ? `needs ${missing.join(' and ')} (Debian packages curl, openssl)` : 'needs root: creates an agent user and switches to it with setpriv';
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await whenRootWithTools(t, missing, 'curl, openssl', main);
 
 interface FakeSaas {
   server: Server;
