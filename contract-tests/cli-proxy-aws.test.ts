@@ -5,7 +5,7 @@
  * by a SigV4 verifier of the test's own (test/support/sigv4-verify.ts).
  */
 import { spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -15,8 +15,7 @@ import { ensureAgentUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type
 import { knownSecrets, leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
 import { verifySigV4 } from '../test/support/sigv4-verify.js';
-import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
-import { tempDir } from '../test/support/temp-dir.js';
+import { issueServerCert, makeTestCa, tlsLabDirs } from '../test/support/test-ca.js';
 import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
 const REAL = { accessKeyId: 'AKIAREALCONTRACT0001', secretAccessKey: `RealSecret/${process.pid}+contract0aws0test0key00` };
@@ -113,16 +112,7 @@ async function fakeAws(dir: string, agentUid: number): Promise<{ server: Server;
 
 async function main(): Promise<void> {
   const agent = ensureAgentUser();
-  const base = tempDir('ac-cli-aws-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
-  const state = join(base, 'state');
-  mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
-  chmodSync(state, 0o700);
-  const pki = join(base, 'pki');
-  mkdirSync(pki, { mode: 0o700 });
-  const shimDir = join(base, 'shims');
-  const bundle = join(base, 'ca', 'ca-bundle.pem');
+  const { base, state, pki, shimDir, bundle } = tlsLabDirs(t, 'ac-cli-aws-');
   const agentUsers = join(base, 'agent-users');
   writeFileSync(agentUsers, `${agent.name}\n`, { mode: 0o644 });
   const work = join(base, 'work');

@@ -6,7 +6,7 @@
  * CLI CA's key stays with the cli-proxy's user.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -15,8 +15,7 @@ import t from 'tap';
 import { ensureAgentUser, existingUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type ProcSnapshot } from '../test/support/agent-user.js';
 import { leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
-import { issueServerCert, makeTestCa } from '../test/support/test-ca.js';
-import { tempDir } from '../test/support/temp-dir.js';
+import { issueServerCert, makeTestCa, tlsLabDirs } from '../test/support/test-ca.js';
 import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
 const TOKEN = `tok-tls-REAL-${process.pid}-9c2e41`;
@@ -56,17 +55,7 @@ async function main(): Promise<void> {
   const agent = ensureAgentUser();
   const nobody = existingUser('nobody');
 
-  const base = tempDir('ac-cli-tls-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
-  const state = join(base, 'state');
-  mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
-  chmodSync(state, 0o700);
-  const pki = join(base, 'pki');
-  mkdirSync(pki, { mode: 0o700 });
-  const shimDir = join(base, 'shims');
-  // Apart from the shims, as on a system install: apply sweeps what it did not render there.
-  const bundle = join(base, 'ca', 'ca-bundle.pem');
+  const { base, state, pki, shimDir, bundle } = tlsLabDirs(t, 'ac-cli-tls-');
   const binDir = join(base, 'bin');
   mkdirSync(binDir, { mode: 0o755 });
   chmodSync(binDir, 0o755);
