@@ -6,7 +6,7 @@
  * CLI CA's key stays with the cli-proxy's user.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -15,8 +15,8 @@ import t from 'tap';
 import { ensureAgentUser, existingUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type ProcSnapshot } from '../test/support/agent-user.js';
 import { leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
-import { tempDir } from '../test/support/temp-dir.js';
-import { REQUIRE_ALL_TESTS, unlessMissing } from '../test/tools/prerequisite.js';
+import { issueServerCert, makeTestCa, tlsLabDirs } from '../test/support/test-ca.js';
+import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
 const TOKEN = `tok-tls-REAL-${process.pid}-9c2e41`;
 const PLACEHOLDER = 'ghp_agentconnectors000000000000000000000';
@@ -24,13 +24,7 @@ const CATALOG_HOST = 'api.github.com';
 const OTHER_HOST = 'example.org';
 
 const missing = ['curl', 'openssl'].filter((tool) => spawnSync(tool, ['--version']).error !== undefined);
-if (process.getuid?.() !== 0 || missing.length > 0) {
-  const why = missing.length > 0 ? `needs ${missing.join(' and ')} (Debian packages curl, openssl)` : 'needs root: creates an agent user and switches to it with setpriv';
-  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
-  else t.plan(0, why);
-} else {
-  await main();
-}
+await whenRootWithTools(t, missing, 'curl, openssl', main);
 
 interface FakeSaas {
   server: Server;
@@ -40,14 +34,7 @@ interface FakeSaas {
 
 /** An https server for `host`, its certificate from the test's own CA. */
 async function fakeSaas(dir: string, host: string, agentUid: number, answer: (headers: IncomingHttpHeaders) => [number, unknown]): Promise<FakeSaas> {
-  const key = join(dir, `${host}.key`);
-  const csr = join(dir, `${host}.csr`);
-  const cert = join(dir, `${host}.pem`);
-  const ext = join(dir, `${host}.ext`);
-  writeFileSync(ext, `subjectAltName=DNS:${host}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n`);
-  execFileSync('openssl', ['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', csr, '-subj', `/CN=${host}`], { stdio: 'pipe' });
-  execFileSync('openssl', ['x509', '-req', '-in', csr, '-CA', join(dir, 'ca.pem'), '-CAkey', join(dir, 'ca.key'), '-set_serial', String(Date.now()), '-days', '2', '-extfile', ext, '-out', cert], { stdio: 'pipe' });
-  const fake: FakeSaas = { server: createServer({ key: readFileSync(key), cert: readFileSync(cert) }), port: 0, requests: [] };
+  const fake: FakeSaas = { server: createServer(issueServerCert(dir, host, [host])), port: 0, requests: [] };
   fake.server.on('request', (req, res) => {
     fake.requests.push({ url: req.url ?? '', headers: req.headers, snapshot: snapshotProcsOf(agentUid) });
     const [status, body] = answer(req.headers);
@@ -68,17 +55,7 @@ async function main(): Promise<void> {
   const agent = ensureAgentUser();
   const nobody = existingUser('nobody');
 
-  const base = tempDir('ac-cli-tls-');
-  chmodSync(base, 0o755);
-  t.teardown(() => rmSync(base, { recursive: true, force: true }));
-  const state = join(base, 'state');
-  mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
-  chmodSync(state, 0o700);
-  const pki = join(base, 'pki');
-  mkdirSync(pki, { mode: 0o700 });
-  const shimDir = join(base, 'shims');
-  // Apart from the shims, as on a system install: apply sweeps what it did not render there.
-  const bundle = join(base, 'ca', 'ca-bundle.pem');
+  const { base, state, pki, shimDir, bundle } = tlsLabDirs(t, 'ac-cli-tls-');
   const binDir = join(base, 'bin');
   mkdirSync(binDir, { mode: 0o755 });
   chmodSync(binDir, 0o755);
@@ -91,8 +68,7 @@ async function main(): Promise<void> {
   writeFileSync(agentUsers, `${agent.name}\n`, { mode: 0o644 });
 
   // The fake SaaS's own CA: the proxy trusts it only through --upstream-ca.
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', join(pki, 'ca.key'), '-out', join(pki, 'ca.pem'),
-    '-days', '2', '-subj', '/CN=fake SaaS test CA', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign'], { stdio: 'pipe' });
+  makeTestCa(pki, 'fake SaaS test CA');
   const testCa = join(base, 'test-ca.pem');
   copyFileSync(join(pki, 'ca.pem'), testCa);
   chmodSync(testCa, 0o644);

@@ -21,6 +21,7 @@ export const errorTable = {
   unknown_binding: { status: 404, message: 'No binding with this id is configured on this host.' },
   unknown_provider: { status: 404, message: 'No provider with this name is configured on this host.' },
   method_not_allowed: { status: 405, message: 'This method is not allowed on this path.' },
+  aws_request_unsigned: { status: 400, message: 'This AWS request cannot be signed again with the real key; nothing was sent.' },
   payload_too_large: { status: 413, message: 'The request body exceeds the configured limit.' },
   forbidden_host: { status: 403, message: 'The Host header must name this loopback listener.' },
   forbidden_origin: { status: 403, message: 'Requests from a non-loopback Origin are refused.' },

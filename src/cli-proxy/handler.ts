@@ -16,6 +16,7 @@ import { tlsProviderFor } from '../data/tls-hosts.js';
 import type { Check } from '../http/loopback.js';
 import type { AuditSpool } from './audit-spool.js';
 import type { AuditEvent } from '../data/audit-event.js';
+import { parseAwsCredentials, signAws } from './aws-sigv4.js';
 import { basicCredential, injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
 import { rewriteLinkHeader, rewriteLocation, routeCli, upstreamUrl } from './route.js';
 
@@ -199,16 +200,31 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
     rec.tokenProblem = read.reason;
     throw new AppError('token_unavailable');
   }
+  const aws = provider.inject.type === 'aws-sigv4';
+  if (aws && !parseAwsCredentials(read.token)) {
+    rec.tokenProblem = 'malformed';
+    throw new AppError('token_unavailable');
+  }
   const hasBody = declared !== undefined ? Number(declared) > 0 : req.headers['transfer-encoding'] !== undefined;
-  const replayable = !hasBody || (declared !== undefined && Number(declared) <= REPLAY_LIMIT);
-  const buffered = hasBody && replayable ? await readBody(req, Math.min(REPLAY_LIMIT, deps.bodyLimit)) : undefined;
+  // SigV4 hashes the body into the signature unless the CLI named the hash itself (S3's
+  // x-amz-content-sha256): then the whole body is read first, up to the body limit.
+  const wholeBody = aws && req.headers['x-amz-content-sha256'] === undefined;
+  const replayable = !hasBody || wholeBody || (declared !== undefined && Number(declared) <= REPLAY_LIMIT);
+  const buffered = hasBody && replayable ? await readBody(req, wholeBody ? deps.bodyLimit : Math.min(REPLAY_LIMIT, deps.bodyLimit)) : undefined;
   const limiter = hasBody && !replayable ? new BodyLimit(deps.bodyLimit) : undefined;
   if (limiter) req.pipe(limiter);
 
   // Injection writes into the headers and the URL: each attempt starts from fresh ones.
-  const send = (token: string, url: URL): UpstreamCall => {
+  const send = async (token: string, url: URL): Promise<UpstreamCall> => {
     const headers = dropRawHeaders(req.rawHeaders, strippedHeaders(provider.inject));
-    injectToken(provider.inject, token, headers, url);
+    if (aws) {
+      const credentials = parseAwsCredentials(token);
+      if (!credentials) {
+        rec.tokenProblem = 'malformed';
+        throw new AppError('token_unavailable');
+      }
+      await signAws(credentials, method, url, headers, buffered);
+    } else injectToken(provider.inject, token, headers, url);
     return new UpstreamCall(routed.proxyBase === undefined ? (deps.tlsAgent ?? deps.agent) : deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
   };
   const headOf = async (call: UpstreamCall): Promise<UpstreamHead> => {
@@ -221,7 +237,7 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   };
   let token = read.token;
   let url = first;
-  let call = send(token, url);
+  let call = await send(token, url);
   let upstream = await headOf(call);
   if (upstream.statusCode === 401 && deps.tokenWaitMs > 0) {
     // The SaaS may refuse a token the moment its successor is minted; renewal writes the
@@ -244,14 +260,14 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
       rec.retried = true;
       token = end.token;
       url = target();
-      call = send(token, url);
+      call = await send(token, url);
       upstream = await headOf(call);
     }
   }
   rec.bytesIn = buffered?.length ?? limiter?.seen ?? 0;
   rec.upstreamStatus = upstream.statusCode;
 
-  const needles = tokenNeedles(token, provider.inject.type === 'basic' ? [basicCredential(provider.inject, token)] : []);
+  const needles = secretNeedles(provider.inject, token);
   const out = withoutReflectedToken(
     backThroughProxy(filterResponseRecord(upstream.headers, cliUpstreamToAgentPolicy), routed, url, needles),
     needles,
@@ -262,6 +278,14 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   const outcome = await call.pipe(upstream.statusCode, out);
   rec.bytesOut = call.bytesOut;
   if (outcome !== 'ok') rec.outcome = outcome;
+}
+
+/** What an answer must not carry: the token; for SigV4 the secret key and session token inside it. */
+function secretNeedles(inject: Provider['inject'], token: string): TokenNeedles {
+  if (inject.type === 'basic') return tokenNeedles(token, [basicCredential(inject, token)]);
+  if (inject.type !== 'aws-sigv4') return tokenNeedles(token);
+  const credentials = parseAwsCredentials(token);
+  return credentials ? tokenNeedles(credentials.secretAccessKey, credentials.sessionToken !== undefined ? [credentials.sessionToken] : []) : tokenNeedles(token);
 }
 
 /**

@@ -1,5 +1,6 @@
 import type { HeaderRecord } from '../http/headers.js';
 import type { Inject } from '../data/catalog.js';
+import { AWS_SIGNATURE_HEADERS } from './aws-sigv4.js';
 
 /** Credential headers an agent or CLI may send; always stripped before injection. */
 export const AGENT_CREDENTIAL_HEADERS: readonly string[] = ['authorization', 'cookie', 'proxy-authorization'];
@@ -10,8 +11,11 @@ export function fill(template: string, token: string): string {
 
 /** The header names a request must lose before injection under `inject`. */
 export function strippedHeaders(inject: Inject): Set<string> {
-  const names = new Set([...AGENT_CREDENTIAL_HEADERS, 'host', 'origin', 'referer', 'forwarded']);
+  // `expect`: node's server has already answered the CLI's `100-continue`, and undici
+  // refuses to send the header (every PUT of `aws s3 cp` carried it and failed with 502).
+  const names = new Set([...AGENT_CREDENTIAL_HEADERS, 'host', 'origin', 'referer', 'forwarded', 'expect']);
   if (inject.type === 'header') names.add(inject.name.toLowerCase());
+  if (inject.type === 'aws-sigv4') for (const name of AWS_SIGNATURE_HEADERS) names.add(name);
   return names;
 }
 
@@ -30,6 +34,9 @@ export function injectToken(inject: Inject, token: string, headers: HeaderRecord
     case 'basic':
       headers.authorization = `Basic ${Buffer.from(basicCredential(inject, token)).toString('base64')}`;
       return;
+    case 'aws-sigv4':
+      // A signature covers the whole request and needs a hash: signAws (aws-sigv4.ts), async.
+      throw new Error('aws-sigv4 is injected by signAws');
   }
 }
 

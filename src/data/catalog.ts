@@ -36,6 +36,8 @@ export const injectSchema = z.discriminatedUnion('type', [
     (b) => b.username.includes('{token}') || b.password.includes('{token}'),
     'basic injection needs {token} in username or password',
   ),
+  /** AWS SigV4 (SPEC §10): the token file holds the key as JSON; the proxy signs each request again. */
+  z.strictObject({ type: z.literal('aws-sigv4') }),
 ]);
 
 /** The allow rule and its deny list (catalog-rules.ts); the message names the rule, and the name only once it is known to be plain. */

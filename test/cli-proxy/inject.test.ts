@@ -67,4 +67,5 @@ t.test('strippedHeaders: agent credentials, host and forwarding headers, plus th
   const query = strippedHeaders({ type: 'query', name: 'key' });
   t.notOk(query.has('x-api-key'));
   t.ok(query.has('authorization'), 'an agent Authorization never passes, whatever the injection');
+  t.ok(query.has('expect'), 'Expect: 100-continue is answered by the proxy, never sent on (undici refuses it)');
 });

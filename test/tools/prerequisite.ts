@@ -15,3 +15,15 @@ export function unlessMissing(t: { fail(message: string): unknown }, missing: st
   if (REQUIRE_ALL_TESTS) t.fail(`AGENT_CONNECTORS_REQUIRE_ALL_TESTS=1 but this test cannot run here: ${missing}`);
   return missing;
 }
+
+/**
+ * The gate of a contract test that runs as root with tools it names (`missing`: those not
+ * found; `packages`: the Debian packages that bring them): `main` runs, or the file plans
+ * nothing, or under AGENT_CONNECTORS_REQUIRE_ALL_TESTS=1 fails with the reason.
+ */
+export async function whenRootWithTools(t: { fail(message: string): unknown; plan(n: number, why: string): unknown }, missing: readonly string[], packages: string, main: () => Promise<void>): Promise<void> {
+  if (process.getuid?.() === 0 && missing.length === 0) return main();
+  const why = missing.length > 0 ? `needs ${missing.join(' and ')} (Debian packages ${packages})` : 'needs root: creates an agent user and switches to it with setpriv';
+  if (REQUIRE_ALL_TESTS) unlessMissing(t, why);
+  else t.plan(0, why);
+}
