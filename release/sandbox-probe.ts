@@ -1,7 +1,7 @@
 import { mkdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { brief, runCapped, type CappedResult } from './capped.js';
-import type { Verdict } from './probes.js';
+import { outcome, type Verdict } from './probes.js';
 
 export const CODEX_SANDBOX = 'codex-sandbox';
 
@@ -13,11 +13,6 @@ export interface SandboxProbeContext {
   shim: { pathPrefix: string; argv: readonly string[]; served: RegExp };
   work: string;
   timeoutMs: number;
-}
-
-function outcomeOf(r: CappedResult): string {
-  if (r.timedOut) return 'timed out';
-  return r.code === null ? `killed by ${r.signal}` : `exit ${r.code}`;
 }
 
 /** The `-c '…'` words of the printed Codex command line, quotes removed, as Codex gets them from a shell. */
@@ -55,9 +50,9 @@ export async function probeCodexSandbox(ctx: SandboxProbeContext): Promise<Verdi
   const shown = `codex sandbox ${overrides.map((o) => `-c '${o}'`).join(' ')} -- ${ctx.shim.argv.join(' ')}`;
   // Without the overrides the call must fail for the network alone (acdemo's fetch cannot connect), not for anything else.
   if (!/fetch failed/.test(closed.output)) {
-    return { client, ok: false, tools: 0, detail: `without the overrides: ${outcomeOf(closed)} and no refused connection (the check could not fail): ${brief(closed.output)}`, command: shown, home };
+    return { client, ok: false, tools: 0, detail: `without the overrides: ${outcome(closed)} and no refused connection (the check could not fail): ${brief(closed.output)}`, command: shown, home };
   }
-  if (open.code !== 0 || !ctx.shim.served.test(open.output)) return { client, ok: false, tools: 0, detail: `with the printed overrides: ${outcomeOf(open)}: ${brief(open.output)}`, command: shown, home };
+  if (open.code !== 0 || !ctx.shim.served.test(open.output)) return { client, ok: false, tools: 0, detail: `with the printed overrides: ${outcome(open)}: ${brief(open.output)}`, command: shown, home };
   return {
     client,
     ok: true,
