@@ -527,16 +527,25 @@ async function main(agent: AgentUser, base: string): Promise<void> {
     const oc = await run(['--agent', 'openclaw', '--dir', shimDir]);
     t.equal(oc.child.exitCode, 0);
     t.equal(oc.lines[0], `openclaw config set tools.exec.pathPrepend ${shimDir}`, 'openclaw: its official config command');
-    // SPEC §10: where TLS mode's trust lives, as a shell comment (the output stays runnable).
-    t.match(oc.lines[1], /^# TLS mode: CLI CA in \/\S+\/cli-ca .*CA bundle \/\S+\/ca-bundle\.pem$/, 'then where the CLI CA and the bundle are');
-    t.equal(oc.lines.length, 2);
+    // Issue 20 item 5: what OpenClaw's sandbox means for the shims; SPEC §10: where TLS
+    // mode's trust lives. Shell comments, so the output stays runnable.
+    t.ok(oc.lines.slice(1).every((l) => l.startsWith('# ')), 'every further line is a comment');
+    t.match(oc.lines.join('\n'), /agents\.defaults\.sandbox\.mode/, 'openclaw: says its sandbox\'s container cannot reach the host\'s cli-proxy');
+    t.match(oc.lines.at(-1), /^# TLS mode: CLI CA in \/\S+\/cli-ca .*CA bundle \/\S+\/ca-bundle\.pem$/, 'then where the CLI CA and the bundle are');
     for (const agentName of ['claude', 'codex']) {
       const p = await run(['--agent', agentName, '--dir', shimDir]);
       t.equal(p.child.exitCode, 0);
       const text = p.lines.join('\n');
-      t.match(text, `PATH=${shimDir}:$PATH`, `${agentName}: shim dir first on PATH`);
-      t.match(text, agentName, `${agentName}: names the agent`);
+      t.match(p.lines[0], `PATH=${shimDir}:$PATH ${agentName}`, `${agentName}: shim dir first on PATH, then the agent`);
+      t.ok(p.lines.slice(1).every((l) => l.startsWith('# ')), `${agentName}: every further line is a comment`);
+      t.match(text, /sandbox/, `${agentName}: says what its sandbox needs`);
     }
+    // Codex's sandbox turns the network off: its line carries both overrides that open it
+    // (release gate codex-sandbox runs a shim through \`codex sandbox\` with exactly these).
+    const codex = await run(['--agent', 'codex', '--dir', shimDir]);
+    t.match(codex.lines[0], ` codex -c 'sandbox_mode="workspace-write"' -c 'sandbox_workspace_write.network_access=true' `, 'codex: the sandbox overrides, shell-quoted');
+    const claude = await run(['--agent', 'claude', '--dir', shimDir]);
+    t.match(claude.lines.join('\n'), /sandbox\.excludedCommands/, 'claude: what to set if its sandbox is on');
     const bad = await run(['--agent', 'nope', '--dir', shimDir]);
     t.equal(bad.child.exitCode, 2, 'unknown agent: usage error, exit 2');
     const missing = await run(['--dir', shimDir]);

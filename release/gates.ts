@@ -8,6 +8,7 @@ import { execa } from 'execa';
 import { installAgents, type AgentBins } from './agents.js';
 import { labTargetSkipReason, startLabTarget } from './lab-target.js';
 import { eachFile, filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
+import { CODEX_SANDBOX, probeCodexSandbox } from './sandbox-probe.js';
 
 /**
  * The release gates (issue 13; the seed's gates 1 and 4): the real agents, installed from
@@ -34,6 +35,8 @@ interface Target {
   cli: (args: readonly string[]) => Promise<string>;
   /** The tool the gate calls once listed, with arguments its upstream takes. */
   call: { tool: string; args: Record<string, unknown> };
+  /** A shimmed CLI the target serves through its cli-proxy (dev's acdemo), for the sandbox gate. */
+  shim?: { pathPrefix: string; argv: readonly string[]; served: RegExp; stateDir: string };
   stop: () => Promise<void>;
 }
 
@@ -77,15 +80,18 @@ async function startDev(work: string): Promise<Target> {
   });
   const output: string[] = [];
   createInterface({ input: child.stdout! }).on('line', (l) => output.push(l));
-  const url = await new Promise<string>((resolveUrl, reject) => {
-    const timer = setTimeout(() => reject(new Error(`dev printed no MCP URL in 60 s:\n${output.join('\n')}`)), 60_000);
+  // The banner names the MCP URL, then the demo CLI's command through its shim.
+  let seenUrl: string | undefined;
+  const { url, shimPath } = await new Promise<{ url: string; shimPath: string }>((resolveUrl, reject) => {
+    const timer = setTimeout(() => reject(new Error(`dev printed no MCP URL and demo CLI in 60 s:\n${output.join('\n')}`)), 60_000);
     child.once('exit', (code) => reject(new Error(`dev exited (${code}) before it served:\n${output.join('\n')}`)));
     createInterface({ input: child.stderr! }).on('line', (l) => {
       output.push(l);
-      const m = /MCP URL:\s+(\S+)/.exec(l);
-      if (m) {
+      seenUrl ??= /MCP URL:\s+(\S+)/.exec(l)?.[1];
+      const shim = /PATH=(\S+):\$PATH acdemo whoami/.exec(l);
+      if (seenUrl && shim) {
         clearTimeout(timer);
-        resolveUrl(m[1]!);
+        resolveUrl({ url: seenUrl, shimPath: shim[1]! });
       }
     });
   });
@@ -104,6 +110,8 @@ async function startDev(work: string): Promise<Target> {
     stateDir,
     cli: cliOut,
     call: { tool: 'echo', args: { message: 'release gate' } },
+    // whoami answers with the provider whose token the cli-proxy injected.
+    shim: { pathPrefix: shimPath, argv: ['acdemo', 'whoami'], served: /"provider":"demo"/, stateDir },
     stop: async () => {
       clearInterval(sampler);
       secretsUnder(stateDir, held);
@@ -118,6 +126,20 @@ async function cliOut(args: readonly string[]): Promise<string> {
   const r = await execa(process.execPath, [CLI, ...args], { reject: false, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, extendEnv: false });
   if (r.exitCode !== 0) throw new Error(`agent-connectors ${args.join(' ')}: exit ${r.exitCode}: ${r.stderr}`);
   return r.stdout.trim();
+}
+
+/** A verdict made final: the agent's home searched for every secret the target held, then logged. */
+function settle(target: Target, verdict: Verdict, started: number): Verdict {
+  let final = verdict;
+  if (verdict.home) {
+    const found = filesHolding(verdict.home, target.secrets());
+    final =
+      found.hits.length > 0
+        ? { ...verdict, ok: false, detail: `${verdict.detail}; SECRET in ${found.hits.join(', ')}` }
+        : { ...verdict, detail: `${verdict.detail}; no secret in its ${found.searched} files` };
+  }
+  log(`${target.name} ${final.client}: ${final.ok ? `ok ${final.tools} tools` : 'FAIL'} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+  return final;
 }
 
 async function gateTarget(target: Target, bins: AgentBins, work: string, only: Set<string> | undefined): Promise<Verdict[]> {
@@ -157,16 +179,25 @@ async function gateTarget(target: Target, bins: AgentBins, work: string, only: S
     } catch (err) {
       verdict = { client, ok: false, tools: 0, detail: (err as Error).message };
     }
-    if (verdict.home) {
-      const found = filesHolding(verdict.home, target.secrets());
-      if (found.hits.length > 0) {
-        verdict = { ...verdict, ok: false, detail: `${verdict.detail}; SECRET in ${found.hits.join(', ')}` };
-      } else {
-        verdict = { ...verdict, detail: `${verdict.detail}; no secret in its ${found.searched} files` };
-      }
+    verdicts.push(settle(target, verdict, started));
+  }
+  // Issue 20 item 5: the shims through Codex's own sandbox, configured as `shims path` says.
+  const shim = target.shim;
+  if (shim && (!only || only.has(CODEX_SANDBOX))) {
+    const started = Date.now();
+    let verdict: Verdict;
+    try {
+      verdict = await probeCodexSandbox({
+        codex: bins.codex,
+        shimsPath: () => target.cli(['shims', 'path', '--agent', 'codex', '--dir', shim.pathPrefix.split(':')[0]!, '--state-dir', shim.stateDir]),
+        shim,
+        work: ctx.work,
+        timeoutMs: ctx.timeoutMs,
+      });
+    } catch (err) {
+      verdict = { client: CODEX_SANDBOX, ok: false, tools: 0, detail: (err as Error).message };
     }
-    log(`${target.name} ${verdict.client}: ${verdict.ok ? `ok ${verdict.tools} tools` : 'FAIL'} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
-    verdicts.push(verdict);
+    verdicts.push(settle(target, verdict, started));
   }
   return verdicts;
 }

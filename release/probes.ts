@@ -47,7 +47,7 @@ function fail(client: string, detail: string, extra: Partial<Verdict> = {}): Ver
   return { client, ok: false, tools: 0, detail, ...extra };
 }
 
-function outcome(r: CappedResult): string {
+export function outcome(r: CappedResult): string {
   if (r.timedOut) return 'timed out';
   return r.code === null ? `killed by ${r.signal}` : `exit ${r.code}`;
 }

@@ -11,13 +11,14 @@ import { ensureSlot } from '../apply/slot-admin.js';
 import { cliSlot } from '../data/renew-wire.js';
 import { installShims } from '../shims/install.js';
 import { AGENTS, type AgentName } from './mcp-add.js';
+import { codexOverrideWords, sandboxNote } from './agent-sandbox.js';
 import { layoutFrom, loggerFrom } from '../wiring/options.js';
 import { defaultShimDir } from '../wiring/apply-part.js';
 import { addCliProxyFlags, cliProxyPartsFrom } from '../wiring/proxy-parts.js';
 import { DEFAULT_CLI_PROXY_LISTEN } from '../wiring/defaults.js';
 
 
-/** How to give an agent the shim directory (it needs only that directory first on PATH). */
+/** How to give an agent the shim directory: first on its PATH, and (Codex) its sandbox's network open to the cli-proxy. */
 export function pathSetupCommand(agent: AgentName, dir: string): string {
   switch (agent) {
     case 'openclaw':
@@ -25,7 +26,7 @@ export function pathSetupCommand(agent: AgentName, dir: string): string {
     case 'claude':
       return `PATH=${dir}:$PATH claude   # or put ${dir} first on PATH in the agent user's environment`;
     case 'codex':
-      return `PATH=${dir}:$PATH codex    # or put ${dir} first on PATH in the agent user's environment`;
+      return `PATH=${dir}:$PATH codex ${codexOverrideWords()}   # or put ${dir} first on PATH in the agent user's environment`;
   }
 }
 
@@ -73,7 +74,7 @@ export function registerCliProxyCommands(program: Command): void {
     });
   shims
     .command('path')
-    .description('print how to put the shim directory first on an agent\'s PATH')
+    .description('print how to put the shim directory first on an agent\'s PATH, and what its sandbox needs to reach the cli-proxy')
     .addOption(new Option('--agent <agent>', 'which agent').choices([...AGENTS]).makeOptionMandatory())
     .option('--dir <dir>', 'shim directory')
     .option('--state-dir <dir>', 'state root')
@@ -81,6 +82,7 @@ export function registerCliProxyCommands(program: Command): void {
     .action((opts: { agent: AgentName; dir?: string; stateDir?: string; caBundle?: string }) => {
       const layout = layoutFrom(opts);
       process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(layout.root)))}\n`);
+      process.stdout.write(`${sandboxNote(opts.agent).join('\n')}\n`);
       // TLS mode (SPEC §10): where its trust lives, for an operator checking a CLI's failed handshake.
       process.stdout.write(`# TLS mode: CLI CA in ${layout.cliCa} (${CA_CERT_FILE} public, ${CA_FILE} the cli-proxy's user alone); shims' CA bundle ${resolve(opts.caBundle ?? defaultCaBundle(layout.root))}\n`);
     });
