@@ -61,7 +61,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
   // One for both listeners' requests: one watch per token file in rotation.
   const rotation = new TokenRotationWait();
   const { audit, tls: tlsConfig } = config;
-  const handlerDeps = (d: PipelineDeps & { config: HotFile<Catalog>; agent: Agent; sidePort?: CliProxyDeps['sidePort'] }): CliProxyDeps => ({
+  const handlerDeps = (d: PipelineDeps & { config: HotFile<Catalog>; agent: Agent }): CliProxyDeps => ({
     ...d,
     catalog: d.config,
     bodyLimit: config.bodyLimit,

@@ -1,5 +1,4 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
 import { Transform, type TransformCallback } from 'node:stream';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
@@ -31,8 +30,6 @@ export interface CliProxyDeps extends PipelineDeps {
   tokenWaitMs: number;
   /** With a spool, one audit event per request to a known provider (SPEC §9). */
   audit?: AuditSpool | undefined;
-  /** The provider port a request's connection came in on (SPEC §10); undefined: the main listener. */
-  sidePort?: ((socket: Socket) => number | undefined) | undefined;
 }
 
 /**
