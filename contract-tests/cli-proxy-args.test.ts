@@ -145,4 +145,16 @@ async function main(agent: AgentUser, base: string): Promise<void> {
     t.not(again.code, 0, 'shims install refuses the catalog');
     t.same(Object.fromEntries(readdirSync(shimDir).map((n) => [n, readFileSync(join(shimDir, n), 'utf8')])), shimsBefore, 'the shims are unchanged');
   });
+
+  t.test('a provider port follows the catalog: a good load moves it, the old one stops accepting', async (t) => {
+    const moved = await freeProviderPort();
+    const mark = proxy.logs.length;
+    writeJsonAtomic(proxy.configPath, { ...catalog, drop: { ...catalog.drop, port: moved } });
+    await proxy.waitForLog((l) => l.msg === 'provider port listening' && l.port === moved, 10_000, mark);
+    await proxy.waitForLog((l) => l.msg === 'provider port closed' && l.port === port, 10_000, mark);
+    const oldPort = await runAsAgent(agent, 'curl -sS -o /dev/null "http://127.0.0.1:$1/v1/items"', { env, args: [String(port)], cwd: home });
+    t.not(oldPort.code, 0, 'the old port refuses connections');
+    const r = await runAsAgent(agent, 'curl -sS "http://127.0.0.1:$1/v1/items"', { env, args: [String(moved)], cwd: home });
+    t.match(r.stdout, /"path":"\/drop\/v1\/items"/, 'the new port serves the provider (a placeholder-free call gets the real token)');
+  });
 }
