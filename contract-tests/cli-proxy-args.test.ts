@@ -157,4 +157,14 @@ async function main(agent: AgentUser, base: string): Promise<void> {
     const r = await runAsAgent(agent, 'curl -sS "http://127.0.0.1:$1/v1/items"', { env, args: [String(moved)], cwd: home });
     t.match(r.stdout, /"path":"\/drop\/v1\/items"/, 'the new port serves the provider (a placeholder-free call gets the real token)');
   });
+
+  t.test('a provider port is never an upstream: a provider pointed at one is refused without a connection', async (t) => {
+    const mark = proxy.logs.length;
+    const loop = { ...catalog, loop: { upstream: `http://127.0.0.1:${port}/x`, tokenFile: stripeTokenFile, inject, commands: [] } };
+    writeJsonAtomic(proxy.configPath, loop);
+    await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 4, 10_000, mark);
+    const r = await runAsAgent(agent, 'curl -sS -w "\\nhttp=%{http_code}\\n" "$1"', { env, args: [`${proxy.base}/p/loop/v1/items`], cwd: home });
+    t.match(r.stdout, /"error":"upstream_loop"[\s\S]*\nhttp=502\n/, 'refused by the upstream guard: 502 upstream_loop');
+    t.same(leakedSecrets(`${r.stdout}\n${r.stderr}`), []);
+  });
 }
