@@ -3,7 +3,7 @@ import { createLoopbackService, type PartObserver } from '../http/loopback-servi
 import type { PeerLimitFlags } from '../http/peer-limits.js';
 import type { ListenAddress } from '../http/loopback.js';
 import type { Service } from '../service/service.js';
-import { parseCatalog, type Catalog } from '../data/catalog.js';
+import { parseCatalog, providerPorts, type Catalog } from '../data/catalog.js';
 import { DEFAULT_TOKEN_WAIT_MS, TokenRotationWait } from '../token/token-wait.js';
 import { readFile } from 'node:fs/promises';
 import type { Socket } from 'node:net';
@@ -79,6 +79,8 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     shutdownGraceMs: config.shutdownGraceMs,
     config: { path: config.providersPath, parse: parseCatalog, empty: {}, label: 'catalog', countField: 'providers', noun: 'provider' },
     handler: (d) => createCliProxyHandler(handlerDeps(d)),
+    // Provider ports (SPEC §10): always on the IPv4 loopback, where the shims' {baseUrl} points.
+    sidePorts: { host: '127.0.0.1', ports: (catalog) => new Set(providerPorts(catalog).keys()) },
     connect: tlsConfig ? (d) => tlsConnect(d, handlerDeps(d), tlsConfig.resolve, () => tls) : undefined,
     onListening: deps.onListening,
     allowedUids: config.allowedUids,

@@ -11,7 +11,7 @@ import { readBody } from '../http/request-body.js';
 import { readTokenFile } from '../token/token-file.js';
 import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
-import type { Catalog, Provider } from '../data/catalog.js';
+import { providerPorts, type Catalog, type Provider } from '../data/catalog.js';
 import { tlsProviderFor } from '../data/tls-hosts.js';
 import type { Check } from '../http/loopback.js';
 import type { AuditSpool } from './audit-spool.js';
@@ -158,6 +158,8 @@ class BodyLimit extends Transform {
 }
 
 function routePath(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): ProviderTarget | 'answered' {
+  const port = deps.sidePort?.(req.socket);
+  if (port !== undefined) return routePort(deps, req, port, rec);
   const r = routeCli(req.url);
   const method = req.method ?? '';
   if (r.kind === 'health') {
@@ -175,6 +177,30 @@ function routePath(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse
   // A tls provider has no base URL to serve: it is reached through CONNECT only.
   if (!provider || provider.upstream === undefined) throw new AppError('unknown_provider');
   return { name: r.provider, provider, upstream: provider.upstream, rest: r.rest, search: r.search, proxyBase: `http://${req.headers.host ?? ''}/p/${r.provider}` };
+}
+
+/**
+ * A provider port: every path is the provider's, with no `/p/<provider>` prefix (for a
+ * CLI that drops the base URL's path). The catalog is asked per request, so a port the
+ * catalog has dropped answers unknown_provider on a connection still open.
+ */
+function routePort(deps: CliProxyDeps, req: IncomingMessage, port: number, rec: AccessRecord): ProviderTarget {
+  const target = req.url ?? '';
+  if (!target.startsWith('/')) throw new AppError('not_found');
+  const q = target.indexOf('?');
+  const providers = deps.catalog.current.value;
+  const name = providerPorts(providers).get(port);
+  const provider = name === undefined ? undefined : providers[name];
+  if (name === undefined || provider?.upstream === undefined) throw new AppError('unknown_provider');
+  rec.provider = name;
+  return {
+    name,
+    provider,
+    upstream: provider.upstream,
+    rest: q === -1 ? target : target.slice(0, q),
+    search: q === -1 ? '' : target.slice(q),
+    proxyBase: `http://${req.headers.host ?? ''}`,
+  };
 }
 
 async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord, route: Route, audited?: { provider?: string }): Promise<void> {

@@ -46,6 +46,10 @@ const envNameSchema = z.string().superRefine((name, ctx) => {
   if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });
 });
 
+/** Enough for `--api-base <url> --api-key <placeholder>` and a few flags; a catalog is not a script. */
+export const MAX_ARGS = 16;
+export const MAX_ARG_LENGTH = 1024;
+
 /**
  * The name's syntax is checked here, by every reader; whether it names one of the host's
  * own tools needs the operator's allow file, so apply and `shims install` check that
@@ -54,7 +58,23 @@ const envNameSchema = z.string().superRefine((name, ctx) => {
 export const commandSchema = z.strictObject({
   name: z.string().regex(COMMAND_NAME, COMMAND_NAME_RULE),
   env: z.record(envNameSchema, oneLine(4096)).default({}),
+  /** Put before the agent's own arguments (SPEC §10): the value rules of env values, and a bound on count and length. */
+  args: z.array(oneLine(MAX_ARG_LENGTH)).max(MAX_ARGS, `at most ${MAX_ARGS} args`).optional(),
 });
+
+/**
+ * Provider ports (SPEC §10): a CLI that drops the base URL's path gets a listener of its
+ * own, `127.0.0.1:<port>`, where every request is the provider's `/p/<provider>/…`. The
+ * catalog names the port, inside a documented range, so the shims and the cli-proxy
+ * (separate processes) agree on it without any shared state.
+ */
+export const PROVIDER_PORT_MIN = 18300;
+export const PROVIDER_PORT_MAX = 18399;
+export const providerPortSchema = z
+  .number()
+  .int()
+  .min(PROVIDER_PORT_MIN, `port must be in ${PROVIDER_PORT_MIN}-${PROVIDER_PORT_MAX}`)
+  .max(PROVIDER_PORT_MAX, `port must be in ${PROVIDER_PORT_MIN}-${PROVIDER_PORT_MAX}`);
 
 /**
  * `mode` (SPEC §10): `base-url` (the default) serves `/p/<provider>/` and needs `upstream`; `tls` is
@@ -69,6 +89,8 @@ export const providerSchema = z.strictObject({
   tokenFile: absolutePathSchema,
   inject: injectSchema,
   placeholder: placeholderSchema.optional(),
+  /** A base-url provider's own port (providerPortSchema); a tls provider has none. */
+  port: providerPortSchema.optional(),
   commands: z.array(commandSchema).default([]),
 });
 
@@ -88,7 +110,29 @@ export function parseCatalog(text: string): ParseResult<Catalog> {
   if (dup !== undefined) return { ok: false, error: `schema: command "${dup}" is declared by two providers` };
   const tls = tlsCatalogProblem(parsed.value);
   if (tls !== undefined) return { ok: false, error: `schema: ${tls}` };
+  const port = providerPortProblem(parsed.value);
+  if (port !== undefined) return { ok: false, error: `schema: ${port}` };
   return parsed;
+}
+
+/** A port named by two providers, or by a tls provider (which is reached through CONNECT only), or undefined. */
+export function providerPortProblem(providers: Record<string, { mode?: string | undefined; port?: number | undefined }>): string | undefined {
+  const seen = new Map<number, string>();
+  for (const [name, p] of Object.entries(providers)) {
+    if (p.port === undefined) continue;
+    if (p.mode === 'tls') return `providers.${name}.port: a tls provider has no port (it is reached through CONNECT)`;
+    const other = seen.get(p.port);
+    if (other !== undefined) return `port ${p.port} is named by two providers (${other}, ${name})`;
+    seen.set(p.port, name);
+  }
+  return undefined;
+}
+
+/** port → provider, for the cli-proxy's provider listeners and the shims' {baseUrl}. */
+export function providerPorts(providers: Record<string, { port?: number | undefined }>): Map<number, string> {
+  const out = new Map<number, string>();
+  for (const [name, p] of Object.entries(providers)) if (p.port !== undefined) out.set(p.port, name);
+  return out;
 }
 
 /**

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commandSchema, duplicateCommand, providerNameSchema, providerSchema, type Catalog } from './catalog.js';
+import { commandSchema, duplicateCommand, providerNameSchema, providerPortProblem, providerSchema, type Catalog } from './catalog.js';
 import { isLoopbackHostname } from '../net/loopback-address.js';
 import { parseJsonWith, type ParseResult } from './parse.js';
 import { tlsCatalogProblem } from './tls-hosts.js';
@@ -74,6 +74,8 @@ export const desiredStateSchema = z
     }
     const tls = tlsCatalogProblem(s.providers);
     if (tls !== undefined) ctx.addIssue({ code: 'custom', path: ['providers'], message: tls });
+    const port = providerPortProblem(s.providers);
+    if (port !== undefined) ctx.addIssue({ code: 'custom', path: ['providers'], message: port });
   });
 
 export type DesiredBinding = z.infer<typeof desiredBindingSchema>;

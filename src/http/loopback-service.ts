@@ -16,6 +16,7 @@ import type { ListenAddress } from './loopback.js';
 import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen, refuseConnection } from './server.js';
 import { PeerLimits, resolvePeerLimits, UNKNOWN_PEER, type PeerLimitFlags } from './peer-limits.js';
+import { SideListeners } from './side-listeners.js';
 import type { AppError } from '../errors.js';
 
 export interface LoopbackServiceSpec<T> {
@@ -30,7 +31,13 @@ export interface LoopbackServiceSpec<T> {
    * systemd status line.
    */
   config: Omit<HotFileOptions<T>, 'onLoad'> & { label: string; countField: string; noun: string };
-  handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent }) => (req: IncomingMessage, res: ServerResponse) => void;
+  /** `sidePort`: the side port (below) a request's connection came in on; undefined for the main listener. */
+  handler: (deps: PipelineDeps & { config: HotFile<T>; agent: Agent; sidePort: (socket: Socket) => number | undefined }) => (req: IncomingMessage, res: ServerResponse) => void;
+  /**
+   * More loopback ports on `host`, following the config (the cli-proxy's provider ports,
+   * SPEC §10): their connections go through this part's one server, limits and peer check.
+   */
+  sidePorts?: { host: string; ports: (value: T) => ReadonlySet<number> } | undefined;
   /**
    * CONNECT (the cli-proxy's TLS mode, SPEC §10); without it CONNECT is answered 405.
    * `socketAllowed` is the peer check of a raw connection (undefined: none configured);
@@ -72,9 +79,12 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
     name: spec.name,
     async run({ signal, log, notifier, onReload }) {
       await mkdir(dirname(spec.config.path), { recursive: true, mode: 0o700 });
+      // Set once the part listens: what follows each good load (the side ports).
+      let afterGoodLoad: ((value: T) => void) | undefined;
       const config: HotFile<T> = new HotFile<T>({
         ...spec.config,
         onLoad: (state, change) => {
+          if (change.ok) afterGoodLoad?.(state.value);
           const count = Object.keys(state.value as object).length;
           if (change.ok) {
             log.info({ [spec.config.countField]: count, generation: state.generation, missing: change.missing }, `${spec.config.label} loaded`);
@@ -109,7 +119,7 @@ export function createLoopbackService<T>(spec: LoopbackServiceSpec<T>): Service 
         });
         const agent = createUpstreamAgent(spec.upstream, guard);
         cleanups.push(() => agent.close().catch(() => undefined));
-        await serve(spec, { signal, log, notifier, onReload, config, agent, cleanups, self, lookups: lookups.get });
+        await serve(spec, { signal, log, notifier, onReload, config, agent, cleanups, self, lookups: lookups.get, afterGoodLoad: (fn) => (afterGoodLoad = fn) });
       } finally {
         for (const cleanup of cleanups.reverse()) await cleanup();
       }
@@ -131,6 +141,7 @@ interface Running<T> extends ServiceContext {
   lookups: () => Promise<PeerUidLookups>;
   /** Registered as each resource is taken, released in reverse by the caller. */
   cleanups: Array<() => Promise<void> | void>;
+  afterGoodLoad: (fn: (value: T) => void) => void;
 }
 
 async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<void> {
@@ -165,8 +176,11 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     if (refused.has(req.socket)) return 'answered';
     return limits.request(uid, res);
   };
+  // Created before the server so the handler can ask it; it binds only once the main port is up.
+  let side: SideListeners | undefined;
+  const sidePort = (socket: Socket): number | undefined => side?.portOf(socket);
   const deps = { config, agent: r.agent, log, inflight, port: () => self.port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer, admit };
-  const server = createLoopbackServer(spec.handler(deps));
+  const server = createLoopbackServer(spec.handler({ ...deps, sidePort }));
   const tunnels = spec.connect?.({
     ...deps,
     socketAllowed: checked ? (socket) => allowed.get(socket) ?? Promise.resolve(false) : undefined,
@@ -244,6 +258,14 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   });
   self.port = bound.port;
   log.info({ address: bound.address, port: bound.port }, `${spec.name} listening`);
+  if (spec.sidePorts) {
+    const { host, ports } = spec.sidePorts;
+    const listeners = new SideListeners(host, (socket) => server.emit('connection', socket), log);
+    side = listeners;
+    r.cleanups.push(() => listeners.close());
+    r.afterGoodLoad((value) => void listeners.sync(ports(value)));
+    await listeners.sync(ports(config.current.value));
+  }
   spec.onListening?.(bound.port);
 
   r.cleanups.push(
@@ -275,6 +297,7 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   });
 
   stopping = true;
+  await side?.close();
   log.info({ inflight: inflight.size, graceMs: spec.shutdownGraceMs }, `${spec.name} draining`);
   const { clean, streamsCut } = await closeGracefully(server, inflight, spec.shutdownGraceMs, () => tunnels?.closeAll());
   log.info({ clean, streamsCut }, `${spec.name} stopped`);

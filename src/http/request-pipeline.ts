@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AppError, ClientGoneError, sendError, toAppError } from '../errors.js';
@@ -33,6 +34,8 @@ export interface PipelineDeps {
   inflight: InFlight;
   /** The port actually bound (known only after listen when --listen used port 0). */
   port: () => number;
+  /** The extra port (loopback-service `sidePorts`) a connection came in on; the Host check names that one. */
+  sidePort?: ((socket: Socket) => number | undefined) | undefined;
   stopping: () => boolean;
   /** With `allowedUids` set: whether this connection's peer UID was allowed (decided once per connection). */
   peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
@@ -119,7 +122,7 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
         return route(req, res, rec);
       }
       // The reason goes into the access line (the operator's), never into the answer.
-      const host = checkHost(req.headers.host, deps.port());
+      const host = checkHost(req.headers.host, deps.sidePort?.(req.socket) ?? deps.port());
       if (!host.ok) {
         rec.refused = host.reason;
         throw new AppError('forbidden_host');

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
-import type { Catalog } from '../data/catalog.js';
-import { COMMAND_NAME, envNameProblem } from '../data/catalog-rules.js';
+import { MAX_ARG_LENGTH, MAX_ARGS, type Catalog } from '../data/catalog.js';
+import { COMMAND_NAME, envNameProblem, LINE_BREAK_OR_NUL } from '../data/catalog-rules.js';
 
 /** A fixed, non-secret stand-in for the credential a CLI insists on having. */
 export const PLACEHOLDER = 'agent-connectors-placeholder';
@@ -35,21 +35,25 @@ export function tlsModeEnv(proxyUrl: string, caBundle: string): Record<string, s
 
 /**
  * One script per catalog command, from the one prototype in shims/. `{baseUrl}` is the
- * provider's path on the proxy, `{placeholder}` the provider's `placeholder` or the fixed
+ * provider's path on the proxy, or its own port's origin when it has one (a CLI that drops
+ * the path keeps working), `{placeholder}` the provider's `placeholder` or the fixed
  * stand-in; nothing secret is ever written into a shim. `caBundle` is where `tls` providers' shims find the CA bundle the cli-proxy writes.
  */
 export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string, caBundle: string): RenderedShim[] {
   const out: RenderedShim[] = [];
   const origin = proxyUrl.replace(/\/+$/, '');
   for (const [provider, p] of Object.entries(catalog)) {
-    const baseUrl = `${origin}/p/${provider}`;
+    const baseUrl = p.port === undefined ? `${origin}/p/${provider}` : `http://127.0.0.1:${p.port}`;
     const placeholder = p.placeholder ?? PLACEHOLDER;
+    const expand = (v: string): string => v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(placeholder);
     for (const cmd of p.commands) {
       // The schemas hold these rules; checked again where they become a file and a script,
       // so no caller can render what a catalog may not say.
       const badEnv = Object.keys(cmd.env).find((k) => envNameProblem(k) !== undefined);
       if (!COMMAND_NAME.test(cmd.name) || badEnv !== undefined) throw new Error(`provider ${provider}: a command or environment name breaks the catalog rules`);
-      const env = new Map<string, string>(Object.entries(cmd.env).map(([k, v]) => [k, v.split('{baseUrl}').join(baseUrl).split('{placeholder}').join(placeholder)]));
+      const args = cmd.args ?? [];
+      if (args.length > MAX_ARGS || args.some((a) => a.length > MAX_ARG_LENGTH || LINE_BREAK_OR_NUL.test(a))) throw new Error(`provider ${provider}: an argument breaks the catalog rules`);
+      const env = new Map<string, string>(Object.entries(cmd.env).map(([k, v]) => [k, expand(v)]));
       // TLS mode's own variables go last: a catalog cannot point them elsewhere.
       if (p.mode === 'tls') for (const [k, v] of Object.entries(tlsModeEnv(origin, caBundle))) env.set(k, v);
       // One `NAME='value'` word per line, for env(1): each name passed the catalog's rules
@@ -63,7 +67,9 @@ export function renderShims(catalog: Catalog, shimDir: string, proxyUrl: string,
         .join(provider)
         // Replacer functions: a string replacement would interpret `$$`, `$&`… in catalog values.
         .replace('@SHIM_DIR@', () => shQuote(shimDir))
-        .replace('@ENV@', () => (envWords === '' ? '' : `${envWords} \\\n `));
+        .replace('@ENV@', () => (envWords === '' ? '' : `${envWords} \\\n `))
+        // Each arg one single-quoted word between the real command and the agent's own "$@".
+        .replace('@ARGS@', () => args.map((a) => ` ${shQuote(expand(a))}`).join(''));
       out.push({ name: cmd.name, provider, script });
     }
   }

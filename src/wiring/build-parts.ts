@@ -17,6 +17,7 @@ import { createNotifier, type Notifier } from '../service/sd-notify.js';
 import { runServices, type Service } from '../service/service.js';
 import { installShims } from '../shims/install.js';
 import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
+import { PROVIDER_PORT_MAX, PROVIDER_PORT_MIN } from '../data/catalog.js';
 import { DEFAULT_CLI_PROXY_LISTEN, DEFAULT_FORWARDER_LISTEN } from './defaults.js';
 import { benchToggle } from './metrics-flag.js';
 
@@ -118,7 +119,7 @@ function portOf(hostPort: string): number {
  * This host's own listeners, as far as this process knows them: both proxies' default
  * ports (in production each runs in a process of its own, under one user, so the
  * owner check alone would not tell them from a real upstream), the configured ones and
- * the metrics port. Ports picked by the kernel are added as they are bound, into the same
+ * the metrics port, the provider-port range. Ports picked by the kernel are added as they are bound, into the same
  * array the upstream guards read.
  */
 function reservedPorts(config: PartsConfig): number[] {
@@ -127,6 +128,8 @@ function reservedPorts(config: PartsConfig): number[] {
   // apply knows where the cli-proxy is from the URL it bakes into the shims.
   const shimProxy = config.apply?.shims?.proxyUrl;
   if (shimProxy) ports.push(Number(new URL(shimProxy).port || 80));
+  // The cli-proxy's provider ports (SPEC §10): the whole documented range, whatever the catalog says now.
+  for (let p = PROVIDER_PORT_MIN; p <= PROVIDER_PORT_MAX; p++) ports.push(p);
   return ports;
 }
 

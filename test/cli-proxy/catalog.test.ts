@@ -89,3 +89,45 @@ t.test('errors never quote the file', async (t) => {
   }
   t.same(parseCatalog('{'), { ok: false, error: 'invalid JSON' });
 });
+
+t.test('commands[].args: up to 16, each up to 1024 characters on one line, else the catalog is rejected whole', async (t) => {
+  const ok = parse({ stripe: provider({ commands: [{ name: 'stripe', args: ['--api-base', '{baseUrl}', '--api-key', '{placeholder}'] }] }) });
+  if (!ok.ok) return t.fail(ok.error);
+  t.same(ok.value.stripe?.commands[0]?.args, ['--api-base', '{baseUrl}', '--api-key', '{placeholder}']);
+  const bad: Array<[string, unknown]> = [
+    ['a line feed', ['a\nb']],
+    ['a carriage return', ['a\rb']],
+    ['a NUL', ['a\u0000b']],
+    ['17 args', Array.from({ length: 17 }, () => 'x')],
+    ['an arg of 1025 characters', ['x'.repeat(1025)]],
+    ['a number', [1]],
+    ['not a list', '--flag'],
+  ];
+  for (const [what, args] of bad) {
+    rejected(t, { good: provider(), stripe: provider({ commands: [{ name: 'stripe', args }] }) }, what);
+  }
+  t.ok(parse({ stripe: provider({ commands: [{ name: 'stripe', args: Array.from({ length: 16 }, () => 'x'.repeat(1024)) }] }) }).ok, '16 args of 1024 characters: the bound itself passes');
+});
+
+t.test('placeholder: printable ASCII, no space, 1-256 characters', async (t) => {
+  t.ok(parse({ a: provider({ placeholder: 'ghp_agentconnectors000000000000000000000' }) }).ok);
+  for (const [what, placeholder] of [
+    ['a line feed', 'a\nb'],
+    ['a NUL', 'a\u0000b'],
+    ['a space', 'a b'],
+    ['non-ASCII', 'pläceholder'],
+    ['empty', ''],
+    ['257 characters', 'x'.repeat(257)],
+  ] as const) {
+    rejected(t, { a: provider({ placeholder }) }, what);
+  }
+});
+
+t.test('provider ports: in 18300-18399, one provider each, base-url providers only', async (t) => {
+  const ok = parse({ a: provider({ port: 18300 }), b: provider({ port: 18399 }), c: provider() });
+  t.ok(ok.ok, 'the range ends pass');
+  for (const port of [18299, 18400, 0, 80, 18300.5, '18301']) rejected(t, { a: provider({ port }) }, `port ${String(port)}`);
+  t.same(parse({ a: provider({ port: 18301 }), b: provider({ port: 18301 }) }), { ok: false, error: 'schema: port 18301 is named by two providers (a, b)' });
+  const tls = parse({ gh: { mode: 'tls', hosts: ['api.github.com'], tokenFile: TOKEN_FILE, inject: { type: 'header', name: 'Authorization', value: 'token {token}' }, port: 18302 } });
+  t.notOk(tls.ok, 'a tls provider with a port: rejected');
+});

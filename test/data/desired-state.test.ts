@@ -83,6 +83,13 @@ const rejected: Array<{ name: string; text: string; why: RegExp }> = [
     text: state({ providers: { notion: provider, other: { ...provider, upstream: 'https://other.example.com' } } }),
     why: /declared by two providers/,
   },
+  {
+    name: 'a provider port named by two providers',
+    text: state({ providers: { notion: { ...provider, port: 18310 }, other: { ...provider, upstream: 'https://other.example.com', commands: [], port: 18310 } } }),
+    why: /port 18310 is named by two providers/,
+  },
+  { name: 'a provider port outside the range', text: state({ providers: { notion: { ...provider, port: 8080 } } }), why: /port must be in 18300-18399/ },
+  { name: 'an arg with a line break', text: state({ providers: { notion: { ...provider, commands: [{ name: 'ntn', args: ['a\nb'] }] } } }), why: /CR, LF or NUL/ },
   { name: 'too many commands', text: state({ providers: { notion: { ...provider, commands: Array.from({ length: 65 }, (_, i) => ({ name: `c${i}` })) } } }), why: /at most 64 commands/ },
   { name: 'bindings not a record', text: state({ bindings: [binding] as unknown as Record<string, unknown> }), why: /bindings/ },
 ];

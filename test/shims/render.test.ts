@@ -114,3 +114,42 @@ t.test('a tls provider\'s shim: HTTPS_PROXY and every CA bundle variable, its ow
   t.notMatch(plain?.script ?? '', 'HTTPS_PROXY', 'a base-url provider\'s shim sets no proxy');
   t.match(plain?.script ?? '', `T='${PLACEHOLDER}'`, 'and keeps the fixed placeholder');
 });
+
+/** The demo provider with one command `fx` that has `args` (and an optional provider port). */
+function withArgs(args: string[], port?: number): Catalog {
+  const c = catalog({});
+  const demo = c.demo;
+  if (!demo) throw new Error('no demo provider');
+  return { demo: { ...demo, ...(port === undefined ? {} : { port }), placeholder: 'pk_test_0000', commands: [{ name: 'fx', env: {}, args }] } };
+}
+
+t.test('args: each a single-quoted word between the real command and "$@", {baseUrl} and {placeholder} expanded', async (t) => {
+  const [shim] = renderShims(withArgs(['--api-base', '{baseUrl}', '--api-key={placeholder}']), '/opt/shims', 'http://127.0.0.1:4000', B);
+  t.match(shim?.script ?? '', /\nexec \/usr\/bin\/env -- "\$__ac_real" '--api-base' 'http:\/\/127\.0\.0\.1:4000\/p\/demo' '--api-key=pk_test_0000' "\$@"\n$/);
+});
+
+t.test('args reach the real command verbatim, before the agent\'s own (sh runs it)', async (t) => {
+  const base = tempDir('ac-render-args-', t);
+  const shimDir = join(base, 'shims');
+  const binDir = join(base, 'bin');
+  mkdirSync(shimDir);
+  mkdirSync(binDir);
+  // One argument per line: shows where each word starts and ends.
+  writeFileSync(join(binDir, 'fx'), '#!/bin/sh\nfor a in "$@"; do printf "<%s>\\n" "$a"; done\n', { mode: 0o755 });
+  const [shim] = renderShims(withArgs(['--base', '{baseUrl}', TRICKY, '', '{placeholder}']), shimDir, 'http://127.0.0.1:4000', B);
+  writeFileSync(join(shimDir, 'fx'), shim?.script ?? '', { mode: 0o755 });
+  const out = execFileSync('/bin/sh', [join(shimDir, 'fx'), 'a b', '-x'], { env: { PATH: `${shimDir}:${binDir}:/usr/bin:/bin`, HOME: base }, encoding: 'utf8' });
+  t.equal(out, ['--base', 'http://127.0.0.1:4000/p/demo', TRICKY, '', 'pk_test_0000', 'a b', '-x'].map((a) => `<${a}>\n`).join(''));
+});
+
+t.test('a provider port: {baseUrl} is http://127.0.0.1:<port>, with no path', async (t) => {
+  const [shim] = renderShims(withArgs(['{baseUrl}'], 18301), '/opt/shims', 'http://127.0.0.1:4000', B);
+  t.match(shim?.script ?? '', `"$__ac_real" 'http://127.0.0.1:18301' "$@"`);
+});
+
+t.test('the renderer refuses args the catalog rules refuse', async (t) => {
+  t.throws(() => renderShims(withArgs(['a\nb']), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+  t.throws(() => renderShims(withArgs(['a\0b']), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+  t.throws(() => renderShims(withArgs(Array.from({ length: 17 }, () => 'x')), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+  t.throws(() => renderShims(withArgs(['x'.repeat(1025)]), '/opt/shims', 'http://127.0.0.1:4000', B), /catalog rules/);
+});
