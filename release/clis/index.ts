@@ -1,5 +1,8 @@
 import type { CliCase } from './cli-case.js';
 import { curl } from './curl.js';
+import { gh } from './gh.js';
+import { gitHttps } from './git.js';
+import { httpie } from './httpie.js';
 
 /**
  * Every case of the CLI gate (release/cli-gate.ts), in the order the table lists them. One
@@ -7,4 +10,7 @@ import { curl } from './curl.js';
  */
 export const CLI_CASES: readonly CliCase[] = [
   curl,
+  gh,
+  gitHttps,
+  httpie,
 ];
