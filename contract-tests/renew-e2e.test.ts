@@ -1,8 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -68,6 +69,8 @@ function pct(values: number[], p: number): number {
 
 /** When the Gateway minted each token id (first answer only; replays repeat it). */
 const mintTimes = new Map<string, number>();
+/** Which token id each minted token is (the refused ones too), for the failure dump. */
+const tokenIdOf = new Map<string, string>();
 
 function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map<string, number> {
   const advertised = new Map<string, number>();
@@ -77,6 +80,7 @@ function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map
     if (result.status === 200 && 'token' in result.body) {
       knownSecrets.add(result.body.token);
       if (!mintTimes.has(result.body.tokenId)) mintTimes.set(result.body.tokenId, Date.now());
+      tokenIdOf.set(result.body.token, result.body.tokenId);
       // Deterministic per answer, so a replayed requestId gets the same body.
       const mintedAt = Date.parse(result.body.expiresAt) - authority.tokenLifetimeMs;
       const expiresAt = mintedAt + advertisedMs;
@@ -99,6 +103,9 @@ interface Seen {
   problem?: string;
   /** A valid token that arrived after its advertised expiry: by how much (ms). */
   lateMs?: number;
+  /** When the upstream saw it (Date.now), and which minted token it carried: for the failure dump. */
+  at?: number;
+  carried?: string | undefined;
 }
 
 const TOKEN_SHAPE = /^gw_[A-Za-z0-9_-]{43}$/;
@@ -152,6 +159,7 @@ class CheckingUpstream {
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     // Checked on arrival, before the body: the moment the Gateway would check it.
     const check = checkBearer(bearerToken(req.headers.authorization), this.authority, this.advertised);
+    const arrivedAt = Date.now();
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     let id: unknown = null;
@@ -163,7 +171,11 @@ class CheckingUpstream {
     } catch {
       id = null;
     }
-    const seen: Seen = { valid: check.ok, tokenId: check.ok ? check.tokenId : undefined, sessionId: undefined, method: req.method ?? '', rpcMethod: undefined };
+    const token = bearerToken(req.headers.authorization);
+    const seen: Seen = {
+      valid: check.ok, tokenId: check.ok ? check.tokenId : undefined, sessionId: undefined, method: req.method ?? '', rpcMethod: undefined,
+      at: arrivedAt, carried: token === undefined ? undefined : tokenIdOf.get(token),
+    };
     if (check.ok && check.lateMs > 0) seen.lateMs = check.lateMs;
     this.seen.push(seen);
     if (!check.ok) {
@@ -333,6 +345,18 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   };
   await Promise.all([0, 1, 2, 3].map(worker));
   const elapsed = Date.now() - started;
+  if (failures.length > 0) {
+    // What a failing request met, kept for the post-mortem (the token ids only, never a token).
+    const dir = mkdtempSync(join(tmpdir(), 'renew-e2e-failure-'));
+    const dump = (name: string, rows: unknown[]): void => writeFileSync(join(dir, name), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    dump('forwarder.jsonl', fwd.logs);
+    dump('fetch.jsonl', renewal.fetch.logs);
+    dump('apply.jsonl', renewal.apply.logs);
+    dump('upstream.jsonl', upstream.seen);
+    dump('mints.jsonl', [...mintTimes].map(([tokenId, at]) => ({ tokenId, at })));
+    dump('gateway.jsonl', gw.requests);
+    t.comment(`failure dump: ${dir} (${readFileSync('/proc/loadavg', 'utf8').trim()})`);
+  }
 
   t.comment(
     `load: ${requests} requests in ${(elapsed / 1000).toFixed(1)} s (concurrency 4), ${rotations()} rotations ` +
