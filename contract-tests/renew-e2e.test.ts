@@ -255,7 +255,8 @@ async function startRenewal(
     await Promise.all([fetch.stop('SIGKILL'), apply.stop('SIGKILL')]);
   });
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', `${opts.instanceId}.token`);
-  await until(() => existsSync(tokenFile), 'the first token to be fetched and applied', 20_000);
+  // A deadline, not a timing check: two Node starts and a renewal took over 20 s at load 24.
+  await until(() => existsSync(tokenFile), 'the first token to be fetched and applied', 60_000);
   tt.equal(statSync(tokenFile).mode & 0o777, 0o600, 'the applied token file is 0600');
   return { handoff, fetchState, tokenFile, fetch, apply };
 }
