@@ -293,9 +293,12 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   // Renewal is due when a third of the lifetime is left: a token advertised to live 600 ms
   // rotates every ~400 ms, a thousand times more often than a real host. The Gateway is
   // strict: a mint refuses the previous token at once, and the forwarder bridges that by
-  // one retry. Not shorter: a request's retry must not meet the next rotation too (on a
-  // busy 2-core machine the mint → rename window reached ~400 ms), which no real lifetime
-  // comes near. Expired tokens: the Gateway honours each for 5 s (see advertiseLifetime).
+  // retrying with each token the file newly holds, within one 5 s bound. On a busy 2-core
+  // machine (load 24) the mint → rename window reached 1.8 s, longer than the rotation
+  // period: the file then held tokens superseded before they were written, and a single
+  // retry failed (503 token_rejected); no real lifetime comes near that. Not shorter:
+  // a current token must still reach the file within the bound. Expired tokens: the
+  // Gateway honours each for 5 s (see advertiseLifetime).
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 5_000, slots: [slot] });
   t.teardown(() => gw.close());
   const advertised = advertiseLifetime(gw.authority, 600);
@@ -383,12 +386,16 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   t.ok(upstream.tokenIds.size >= 50, `the upstream saw the rotation (${upstream.tokenIds.size} distinct tokens)`);
   t.equal(gw.authority.stats().conflicts, 0, 'no CAS conflict: fetch always knew the applied token');
   // Strict Gateway: a request sent between a mint and apply's rename is refused (401) and
-  // the forwarder retries it once with the renewed token; no other request is sent twice.
+  // the forwarder retries it with the renewed token (again if that one was superseded
+  // before it arrived: under load, renewals every ~400 ms outpace the mint → rename
+  // window); no other request is sent twice.
   t.equal(upstream.seen.length, requests + upstream.invalid.length, 'one upstream request per client request, plus one retry per refused one');
   // Access lines are written in batches: wait for the last one before counting.
   await until(() => fwd.logs.filter((l) => l.msg === 'access').length >= requests, 'every access line');
-  const retried = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length;
-  t.equal(retried, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried})`);
+  const retriedLines = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true);
+  const retried = retriedLines.length;
+  const retries = retriedLines.reduce((n, l) => n + Number(l.retries), 0);
+  t.equal(retries, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried} requests, ${retries} retries)`);
 
   // The rotation window (SPEC §4): from the Gateway minting a token (the old one refused
   // from then on) to apply's rename putting the new one in place; and what it cost the
@@ -457,12 +464,13 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
     [],
     'every later upstream request carried the same mcp-session-id',
   );
-  // Strict Gateway: a request that met a rotation is refused once (a token it minted and
-  // has just superseded) and retried by the forwarder with the renewed token; nothing else.
+  // Strict Gateway: a request that met a rotation is refused (a token it minted and has
+  // just superseded) and retried by the forwarder with the renewed token; nothing else.
   const refused = upstream.seen.filter((s) => !s.valid);
   t.same(refused.filter((s) => s.problem !== 'superseded or expired').map((s) => s.problem), [], 'every upstream request carried a token the Gateway minted');
-  await until(() => fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length >= refused.length, 'the access lines of the retried requests');
-  t.equal(fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length, refused.length, `each refused request was retried once (${refused.length})`);
+  const retries = (): number => fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).reduce((n, l) => n + Number(l.retries), 0);
+  await until(() => retries() >= refused.length, 'the access lines of the retried requests');
+  t.equal(retries(), refused.length, `each refused request was retried (${refused.length})`);
   t.ok(validTokenIds().size >= 4, `the upstream saw at least 4 distinct tokens (${validTokenIds().size}): 3 rotations`);
   t.ok(gw.minted(slot) >= 4, `the Gateway minted them (${gw.minted(slot)})`);
   t.equal(accepted.filter((s) => s.rpcMethod === 'initialize').length, 1, 'one session, never re-initialized');
