@@ -412,12 +412,19 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
       `request duration p50/p99: ${pct(durations(false), 50)}/${pct(durations(false), 99)} ms, ` +
       `${durations(true).length} that met a rotation ${pct(durations(true), 50)}/${pct(durations(true), 99)} ms`,
   );
-  t.ok(windows.length >= wantRotations, 'the window was measured for every rotation');
+  // Under load fetch can replace inbox/<slot>.json before apply has taken it (only the
+  // newest token matters: the one replaced is already refused): apply then skips a
+  // rotation. At load 28, 99 of 101 minted tokens were applied; a tenth is apply falling behind.
+  t.ok(windows.length >= wantRotations * 0.9, `the window was measured for (nearly) every rotation (${windows.length})`);
 
   await stopRenewal(t, renewal);
-  const applied = renewal.apply.logs.filter((l) => l.msg === 'token applied').length;
+  const appliedIds = renewal.apply.logs.filter((l) => l.msg === 'token applied').map((l) => String(l.tokenId));
+  const applied = appliedIds.length;
+  const mintOrder = [...mintTimes.keys()];
+  const order = appliedIds.map((id) => mintOrder.indexOf(id));
+  t.ok(order.every((i, k) => i >= 0 && (k === 0 || i > (order[k - 1] ?? -1))), 'apply applied minted tokens in mint order, never an older one after a newer one');
   t.comment(`apply applied ${applied} tokens; the Gateway saw ${gw.requests.length} renewal requests`);
-  t.ok(applied >= wantRotations, 'apply applied every rotation');
+  t.ok(applied >= wantRotations * 0.9, `apply applied (nearly) every rotation (${applied})`);
 });
 
 t.test('an SDK MCP session through the forwarder survives real rotations by fetch + apply', async (t) => {
