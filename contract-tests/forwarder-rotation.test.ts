@@ -28,8 +28,8 @@ interface Rig {
   current: () => string;
   /** A renewal: the Gateway honours the new token at once; the file follows later. */
   mint: (token: string) => void;
-  /** apply writing the minted token into place. */
-  apply: () => void;
+  /** apply writing the minted token (or an older one, late) into place. */
+  apply: (token?: string) => void;
   tokenFile: string;
 }
 
@@ -55,8 +55,8 @@ async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
       accepted = token;
     },
     // As renew apply does it: a complete file renamed into place.
-    apply: () => {
-      writeToken(`${tokenFile}.new`, accepted);
+    apply: (token = accepted) => {
+      writeToken(`${tokenFile}.new`, token);
       renameSync(`${tokenFile}.new`, tokenFile);
     },
     tokenFile,
@@ -80,6 +80,44 @@ t.test('a 401 during a rotation waits for the new token file and retries once: t
   const access = await r.fwd.waitForLog((l) => l.msg === 'access' && l.retried === true);
   t.equal(access.status, 200, 'the access line says it was retried and answered 200');
   checkNoLeaks(t);
+});
+
+t.test('a retry that meets the next rotation waits for that one too: the agent sees 200', async (t) => {
+  const r = await rig(t);
+  // A loaded machine, held at the exact moment: renewals every ~400 ms (renew-e2e) and a
+  // mint → rename window that reached ~400 ms at load 13, so the retry's token had been
+  // superseded by the next renewal before the retry reached the Gateway.
+  r.mint('tok-rotation-1-IIII');
+  const pending = send(r.url, { body: RPC });
+  await r.gw.waitForRequests(1);
+  r.mint('tok-rotation-2-JJJJ');
+  r.apply('tok-rotation-1-IIII');
+  await r.gw.waitForRequests(2);
+  r.apply();
+  const resp = await pending;
+  t.equal(resp.status, 200, `the agent sees 200 (${resp.body.slice(0, 120)})`);
+  t.equal(resp.body, OK);
+  t.same(
+    r.gw.requests.map((q) => q.headers.authorization),
+    ['Bearer tok-rotation-0-AAAA', 'Bearer tok-rotation-1-IIII', 'Bearer tok-rotation-2-JJJJ'],
+    'the request, a retry with the superseded renewal, a retry with the current one',
+  );
+  const access = await r.fwd.waitForLog((l) => l.msg === 'access' && l.retried === true);
+  t.equal(access.status, 200);
+  t.equal(access.retries, 2, 'the access line counts both retries');
+});
+
+t.test('a retry refused with a token that then stays: 503 token_rejected within the one bound', async (t) => {
+  const r = await rig(t, 300);
+  r.mint('tok-rotation-1-KKKK');
+  const pending = send(r.url, { body: RPC });
+  await r.gw.waitForRequests(1);
+  r.mint('tok-rotation-never-applied-LLLL');
+  r.apply('tok-rotation-1-KKKK');
+  assertJsonError(t, await pending, 503, 'token_rejected');
+  t.equal(r.gw.requests.length, 2, 'the request and one retry: the file never changed again');
+  const access = await r.fwd.waitForLog((l) => l.msg === 'access' && l.status === 503);
+  t.equal(access.retries, 1);
 });
 
 t.test('no rotation: the 401 waits out the bound, then 503 token_rejected; one upstream request', async (t) => {

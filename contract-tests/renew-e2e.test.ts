@@ -1,8 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -68,6 +69,8 @@ function pct(values: number[], p: number): number {
 
 /** When the Gateway minted each token id (first answer only; replays repeat it). */
 const mintTimes = new Map<string, number>();
+/** Which token id each minted token is (the refused ones too), for the failure dump. */
+const tokenIdOf = new Map<string, string>();
 
 function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map<string, number> {
   const advertised = new Map<string, number>();
@@ -77,6 +80,7 @@ function advertiseLifetime(authority: RenewAuthority, advertisedMs: number): Map
     if (result.status === 200 && 'token' in result.body) {
       knownSecrets.add(result.body.token);
       if (!mintTimes.has(result.body.tokenId)) mintTimes.set(result.body.tokenId, Date.now());
+      tokenIdOf.set(result.body.token, result.body.tokenId);
       // Deterministic per answer, so a replayed requestId gets the same body.
       const mintedAt = Date.parse(result.body.expiresAt) - authority.tokenLifetimeMs;
       const expiresAt = mintedAt + advertisedMs;
@@ -99,6 +103,9 @@ interface Seen {
   problem?: string;
   /** A valid token that arrived after its advertised expiry: by how much (ms). */
   lateMs?: number;
+  /** When the upstream saw it (Date.now), and which minted token it carried: for the failure dump. */
+  at?: number;
+  carried?: string | undefined;
 }
 
 const TOKEN_SHAPE = /^gw_[A-Za-z0-9_-]{43}$/;
@@ -152,6 +159,7 @@ class CheckingUpstream {
   private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     // Checked on arrival, before the body: the moment the Gateway would check it.
     const check = checkBearer(bearerToken(req.headers.authorization), this.authority, this.advertised);
+    const arrivedAt = Date.now();
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     let id: unknown = null;
@@ -163,7 +171,11 @@ class CheckingUpstream {
     } catch {
       id = null;
     }
-    const seen: Seen = { valid: check.ok, tokenId: check.ok ? check.tokenId : undefined, sessionId: undefined, method: req.method ?? '', rpcMethod: undefined };
+    const token = bearerToken(req.headers.authorization);
+    const seen: Seen = {
+      valid: check.ok, tokenId: check.ok ? check.tokenId : undefined, sessionId: undefined, method: req.method ?? '', rpcMethod: undefined,
+      at: arrivedAt, carried: token === undefined ? undefined : tokenIdOf.get(token),
+    };
     if (check.ok && check.lateMs > 0) seen.lateMs = check.lateMs;
     this.seen.push(seen);
     if (!check.ok) {
@@ -243,7 +255,8 @@ async function startRenewal(
     await Promise.all([fetch.stop('SIGKILL'), apply.stop('SIGKILL')]);
   });
   const tokenFile = join(fwd.stateDir, 'mcp-forwarder', `${opts.instanceId}.token`);
-  await until(() => existsSync(tokenFile), 'the first token to be fetched and applied', 20_000);
+  // A deadline, not a timing check: two Node starts and a renewal took over 20 s at load 24.
+  await until(() => existsSync(tokenFile), 'the first token to be fetched and applied', 60_000);
   tt.equal(statSync(tokenFile).mode & 0o777, 0o600, 'the applied token file is 0600');
   return { handoff, fetchState, tokenFile, fetch, apply };
 }
@@ -280,9 +293,12 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   // Renewal is due when a third of the lifetime is left: a token advertised to live 600 ms
   // rotates every ~400 ms, a thousand times more often than a real host. The Gateway is
   // strict: a mint refuses the previous token at once, and the forwarder bridges that by
-  // one retry. Not shorter: a request's retry must not meet the next rotation too (on a
-  // busy 2-core machine the mint → rename window reached ~400 ms), which no real lifetime
-  // comes near. Expired tokens: the Gateway honours each for 5 s (see advertiseLifetime).
+  // retrying with each token the file newly holds, within one 5 s bound. On a busy 2-core
+  // machine (load 24) the mint → rename window reached 1.8 s, longer than the rotation
+  // period: the file then held tokens superseded before they were written, and a single
+  // retry failed (503 token_rejected); no real lifetime comes near that. Not shorter:
+  // a current token must still reach the file within the bound. Expired tokens: the
+  // Gateway honours each for 5 s (see advertiseLifetime).
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 5_000, slots: [slot] });
   t.teardown(() => gw.close());
   const advertised = advertiseLifetime(gw.authority, 600);
@@ -304,7 +320,9 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   // `npm test` runs ~100 rotations; `npm run bench:rotation` sets RENEW_E2E_ROTATIONS=1000.
   const wantRotations = Number(process.env.RENEW_E2E_ROTATIONS ?? 100);
   const minDuration = 30_000;
-  const deadline = started + Math.max(60_000, wantRotations * 700);
+  // Rotations are fetch's pace, ~400 ms when idle; at load 32 they averaged ~790 ms (89 in
+  // 70 s). A deadline, not a timing check: up to 1 s per rotation.
+  const deadline = started + Math.max(60_000, wantRotations * 1_000);
   const rotations = (): number => gw.minted(slot) - mintedAtStart;
   const keepGoing = (): boolean => Date.now() < deadline && (Date.now() - started < minDuration || rotations() < wantRotations);
 
@@ -333,6 +351,18 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   };
   await Promise.all([0, 1, 2, 3].map(worker));
   const elapsed = Date.now() - started;
+  if (failures.length > 0) {
+    // What a failing request met, kept for the post-mortem (the token ids only, never a token).
+    const dir = mkdtempSync(join(tmpdir(), 'renew-e2e-failure-'));
+    const dump = (name: string, rows: unknown[]): void => writeFileSync(join(dir, name), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    dump('forwarder.jsonl', fwd.logs);
+    dump('fetch.jsonl', renewal.fetch.logs);
+    dump('apply.jsonl', renewal.apply.logs);
+    dump('upstream.jsonl', upstream.seen);
+    dump('mints.jsonl', [...mintTimes].map(([tokenId, at]) => ({ tokenId, at })));
+    dump('gateway.jsonl', gw.requests);
+    t.comment(`failure dump: ${dir} (${readFileSync('/proc/loadavg', 'utf8').trim()})`);
+  }
 
   t.comment(
     `load: ${requests} requests in ${(elapsed / 1000).toFixed(1)} s (concurrency 4), ${rotations()} rotations ` +
@@ -358,12 +388,16 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
   t.ok(upstream.tokenIds.size >= 50, `the upstream saw the rotation (${upstream.tokenIds.size} distinct tokens)`);
   t.equal(gw.authority.stats().conflicts, 0, 'no CAS conflict: fetch always knew the applied token');
   // Strict Gateway: a request sent between a mint and apply's rename is refused (401) and
-  // the forwarder retries it once with the renewed token; no other request is sent twice.
+  // the forwarder retries it with the renewed token (again if that one was superseded
+  // before it arrived: under load, renewals every ~400 ms outpace the mint → rename
+  // window); no other request is sent twice.
   t.equal(upstream.seen.length, requests + upstream.invalid.length, 'one upstream request per client request, plus one retry per refused one');
   // Access lines are written in batches: wait for the last one before counting.
   await until(() => fwd.logs.filter((l) => l.msg === 'access').length >= requests, 'every access line');
-  const retried = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length;
-  t.equal(retried, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried})`);
+  const retriedLines = fwd.logs.filter((l) => l.msg === 'access' && l.retried === true);
+  const retried = retriedLines.length;
+  const retries = retriedLines.reduce((n, l) => n + Number(l.retries), 0);
+  t.equal(retries, upstream.invalid.length, `the forwarder retried exactly the refused requests (${retried} requests, ${retries} retries)`);
 
   // The rotation window (SPEC §4): from the Gateway minting a token (the old one refused
   // from then on) to apply's rename putting the new one in place; and what it cost the
@@ -378,12 +412,19 @@ t.test('under load: requests through a running forwarder while tokens rotate eve
       `request duration p50/p99: ${pct(durations(false), 50)}/${pct(durations(false), 99)} ms, ` +
       `${durations(true).length} that met a rotation ${pct(durations(true), 50)}/${pct(durations(true), 99)} ms`,
   );
-  t.ok(windows.length >= wantRotations, 'the window was measured for every rotation');
+  // Under load fetch can replace inbox/<slot>.json before apply has taken it (only the
+  // newest token matters: the one replaced is already refused): apply then skips a
+  // rotation. At load 28, 99 of 101 minted tokens were applied; a tenth is apply falling behind.
+  t.ok(windows.length >= wantRotations * 0.9, `the window was measured for (nearly) every rotation (${windows.length})`);
 
   await stopRenewal(t, renewal);
-  const applied = renewal.apply.logs.filter((l) => l.msg === 'token applied').length;
+  const appliedIds = renewal.apply.logs.filter((l) => l.msg === 'token applied').map((l) => String(l.tokenId));
+  const applied = appliedIds.length;
+  const mintOrder = [...mintTimes.keys()];
+  const order = appliedIds.map((id) => mintOrder.indexOf(id));
+  t.ok(order.every((i, k) => i >= 0 && (k === 0 || i > (order[k - 1] ?? -1))), 'apply applied minted tokens in mint order, never an older one after a newer one');
   t.comment(`apply applied ${applied} tokens; the Gateway saw ${gw.requests.length} renewal requests`);
-  t.ok(applied >= wantRotations, 'apply applied every rotation');
+  t.ok(applied >= wantRotations * 0.9, `apply applied (nearly) every rotation (${applied})`);
 });
 
 t.test('an SDK MCP session through the forwarder survives real rotations by fetch + apply', async (t) => {
@@ -432,12 +473,13 @@ t.test('an SDK MCP session through the forwarder survives real rotations by fetc
     [],
     'every later upstream request carried the same mcp-session-id',
   );
-  // Strict Gateway: a request that met a rotation is refused once (a token it minted and
-  // has just superseded) and retried by the forwarder with the renewed token; nothing else.
+  // Strict Gateway: a request that met a rotation is refused (a token it minted and has
+  // just superseded) and retried by the forwarder with the renewed token; nothing else.
   const refused = upstream.seen.filter((s) => !s.valid);
   t.same(refused.filter((s) => s.problem !== 'superseded or expired').map((s) => s.problem), [], 'every upstream request carried a token the Gateway minted');
-  await until(() => fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length >= refused.length, 'the access lines of the retried requests');
-  t.equal(fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).length, refused.length, `each refused request was retried once (${refused.length})`);
+  const retries = (): number => fwd.logs.filter((l) => l.msg === 'access' && l.retried === true).reduce((n, l) => n + Number(l.retries), 0);
+  await until(() => retries() >= refused.length, 'the access lines of the retried requests');
+  t.equal(retries(), refused.length, `each refused request was retried (${refused.length})`);
   t.ok(validTokenIds().size >= 4, `the upstream saw at least 4 distinct tokens (${validTokenIds().size}): 3 rotations`);
   t.ok(gw.minted(slot) >= 4, `the Gateway minted them (${gw.minted(slot)})`);
   t.equal(accepted.filter((s) => s.rpcMethod === 'initialize').length, 1, 'one session, never re-initialized');

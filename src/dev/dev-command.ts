@@ -220,7 +220,7 @@ async function runDev(opts: { stateDir: string; listen: string; cliListen: strin
         await gateway.close();
       },
     };
-    const services = buildParts(parts, log, { forwarderListening: ports.forwarder.resolve, cliProxyListening: ports.cliProxy.resolve });
+    const services = await buildParts(parts, log, { forwarderListening: ports.forwarder.resolve, cliProxyListening: ports.cliProxy.resolve });
     // One process, one unit's worth of sd_notify: none of the parts speaks for the whole.
     await runServices([gatewayService, report, ...services], { log, notifier: createNotifier({ log, env: {} }) });
   } finally {

@@ -15,6 +15,13 @@ import { HEALTH_METHODS, MCP_METHODS, mcpCallOf, route } from './route.js';
 
 export const TOKEN_REJECTED_RETRY_AFTER_S = 10;
 
+/**
+ * Retries of one request after 401s, each with a token the file newly holds. The time bound
+ * (--token-wait-ms) ends a wait; this ends a file that keeps changing to refused tokens
+ * (real renewals come minutes apart: one retry, rarely two).
+ */
+export const MAX_TOKEN_RETRIES = 10;
+
 export interface ForwarderDeps extends PipelineDeps {
   registry: HotFile<InstancesFile>;
   agent: Agent;
@@ -89,33 +96,37 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   let head = await call.head;
   rec.upstreamStatus = head.statusCode;
   if (head.statusCode === 401) {
-    await call.discard();
     // The Gateway honours only a slot's current token: a 401 usually means a renewal has
-    // minted a new one that apply has not written yet. Wait for the file to change
-    // (bounded), then retry once with the new token; only a token that stays rejected is
-    // the agent's error.
+    // minted a new one that apply has not written yet. Wait for the file to change, then
+    // retry with the new token; and again if that one was superseded too before it
+    // arrived (renewals faster than the mint → rename window: on a loaded machine in
+    // renew-e2e). One bound for the whole wait: only a token that stays rejected is the
+    // agent's error.
     const routed = (): boolean => Object.hasOwn(deps.registry.current.value, r.bindingId);
-    const end = await waitForRenewedToken(deps.rotation, binding.tokenFile, token, deps.tokenWaitMs, res, routed);
-    if (res.destroyed) throw new ClientGoneError();
-    // A disconnect retires the token file and the binding: answer as a new request would.
-    if (end.kind === 'unrouted' || (end.kind === 'deleted' && !routed())) throw new AppError('unknown_binding');
-    if (end.kind === 'deleted') {
-      rec.tokenProblem = 'missing';
-      throw new AppError('token_unavailable');
-    }
-    if (end.kind === 'renewed') {
+    const deadline = Date.now() + deps.tokenWaitMs;
+    let retries = 0;
+    while (head.statusCode === 401) {
+      await call.discard();
+      if (retries === MAX_TOKEN_RETRIES) break;
+      const end = await waitForRenewedToken(deps.rotation, binding.tokenFile, token, deadline - Date.now(), res, routed);
+      if (res.destroyed) throw new ClientGoneError();
+      // A disconnect retires the token file and the binding: answer as a new request would.
+      if (end.kind === 'unrouted' || (end.kind === 'deleted' && !routed())) throw new AppError('unknown_binding');
+      if (end.kind === 'deleted') {
+        rec.tokenProblem = 'missing';
+        throw new AppError('token_unavailable');
+      }
+      if (end.kind !== 'renewed') break;
+      retries += 1;
       rec.retried = true;
+      rec.retries = retries;
       token = end.token;
       call = send(deps, binding, res, method, baseHeaders, body, token);
       head = await call.head;
       rec.upstreamStatus = head.statusCode;
     }
     if (head.statusCode === 401) {
-      await call.discard();
-      deps.log.warn(
-        { reqId: rec.reqId, instanceId: binding.instanceId },
-        'upstream rejected the token (401); renewal may be failing',
-      );
+      deps.log.warn({ reqId: rec.reqId, instanceId: binding.instanceId }, 'upstream rejected the token (401); renewal may be failing');
       throw new AppError('token_rejected', undefined, { 'retry-after': String(TOKEN_REJECTED_RETRY_AFTER_S) });
     }
   }
