@@ -163,7 +163,7 @@ export function buildParts(config: PartsConfig, log: Logger, hooks: PartHooks = 
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
             const r = await installShims(catalog, shims.dir, proxyUrl, shims.caBundle);
-            log.info({ dir: shims.dir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
+            log.info({ dir: shims.dir, written: r.written.length, changed: r.changed.length, removed: r.removed.length }, 'shims rendered');
           },
         },
         metrics: metrics && createApplyMetrics(metrics.of('apply')),
