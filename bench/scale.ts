@@ -135,9 +135,9 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     };
     start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
     start('cli-proxy', ['cli-proxy', '--state-dir', state, '--listen', `127.0.0.1:${cliPort}`]);
-    await Promise.all([waitForPort(fwdPort, 30_000), waitForPort(cliPort, 30_000)]);
+    await Promise.all([waitForPort(fwdPort, 120_000), waitForPort(cliPort, 120_000)]);
     const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims'), '--proxy-url', `http://127.0.0.1:${cliPort}`]);
-    await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 30_000);
+    await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 120_000);
     // prettier-ignore
     start('link', [
       'link', '--gateway', gw.url, '--credential', credentialFile, '--handoff', handoff, '--state-dir', state, '--host-id', HOST_ID,
@@ -145,7 +145,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       '--renew-concurrency', String(o.renewConcurrency),
     ]);
     const applied = join(handoff, 'applied-state.json');
-    await until(() => appliedVersion(applied) === gw.control.version, performance.now(), 'the first state applied', 30_000, 20);
+    await until(() => appliedVersion(applied) === gw.control.version, performance.now(), 'the first state applied', 120_000, 20);
     // Settled: the parts' start-up is not part of the figures.
     await sleep(1000);
 
