@@ -324,11 +324,14 @@ export async function runScale(log: (line: string) => void, argv: readonly strin
   const sizesArg = argv.find((a) => a.startsWith('--sizes='));
   const sizes = sizesArg ? sizesArg.slice('--sizes='.length).split(',').map(Number) : undefined;
   const wait = argv.find((a) => a.startsWith('--tokens-wait='));
+  const prof = argv.find((a) => a.startsWith('--cpu-prof='));
   const res = await runScaleBench(log, {
     ...(cli === undefined ? {} : { cli }),
     ...(sizes ? { sizes } : {}),
     ...(wait ? { tokensTimeoutMs: Number(wait.slice('--tokens-wait='.length)) * 1000 } : {}),
-    keep: argv.includes('--keep'),
+    // `--cpu-prof=apply,forwarder`: those parts run with node's --cpu-prof; the profiles stay in the kept scratch directory.
+    ...(prof ? { nodeFlags: Object.fromEntries(prof.slice('--cpu-prof='.length).split(',').map((p) => [p, ['--cpu-prof']])) } : {}),
+    keep: argv.includes('--keep') || prof !== undefined,
   });
   // stdout is the JSON alone (what --scale-plot reads); the table goes with the log.
   process.stdout.write(`${JSON.stringify(res, null, 2)}\n`);
