@@ -158,13 +158,9 @@ export function machine(): Record<string, string | number> {
   };
 }
 
-export async function runLinkBench(log: (line: string) => void, options: LinkBenchOptions = {}): Promise<Record<string, unknown>> {
-  const cli = options.cli ?? DEFAULT_CLI;
-  const cycles = options.cycles ?? 100;
-  const idleMs = options.idleMs ?? 60_000;
-  const many = options.bindings ?? 10_000;
-  const host = machine();
-  const dir = mkdtempSync(join(tmpdir(), 'ac-bench-link-'));
+/** A scratch state root laid out as install makes it, and an enrolled host's credential file. */
+export function scratchHost(prefix: string): { dir: string; state: string; handoff: string; credential: string; credentialFile: string } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
   const state = join(dir, 'state');
   const handoff = join(state, 'handoff');
   for (const d of [join(handoff, 'inbox'), join(handoff, 'slots')]) mkdirSync(d, { recursive: true });
@@ -172,6 +168,16 @@ export async function runLinkBench(log: (line: string) => void, options: LinkBen
   const credential = `hostcred-bench-${Math.random().toString(36).slice(2)}${Date.now()}`;
   const credentialFile = join(dir, 'host-credential');
   writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
+  return { dir, state, handoff, credential, credentialFile };
+}
+
+export async function runLinkBench(log: (line: string) => void, options: LinkBenchOptions = {}): Promise<Record<string, unknown>> {
+  const cli = options.cli ?? DEFAULT_CLI;
+  const cycles = options.cycles ?? 100;
+  const idleMs = options.idleMs ?? 60_000;
+  const many = options.bindings ?? 10_000;
+  const host = machine();
+  const { dir, state, handoff, credential, credentialFile } = scratchHost('ac-bench-link-');
 
   // Tokens outlive the run: every renewal measured is a new slot's first.
   const gw = await MockHostGateway.start({ staticHosts: { [HOST_ID]: credential }, tokenLifetimeMs: 6 * 3600_000 });

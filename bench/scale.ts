@@ -17,12 +17,12 @@
  * CPU is utime+stime from /proc (robust under load); the load average is printed next to
  * every run. Not a test: nothing is asserted. `renderScaleSvg` draws the growth plot.
  */
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { loadavg, tmpdir } from 'node:os';
+import { readdirSync, readFileSync, rmSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
-import { appliedVersion, machine, okUpstream, startPart, until, type Part } from './link.js';
+import { appliedVersion, machine, okUpstream, scratchHost, startPart, until, type Part } from './link.js';
 import { DEFAULT_CLI } from './lib/paths.js';
 import { cpuMicros, freePort, rssBytes, sleep, waitForJsonLine, waitForPort } from './lib/proc.js';
 
@@ -111,14 +111,7 @@ const providerName = (i: number): string => `prov-${i}`;
 
 async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'nodeFlags' | 'keep'>> & Pick<ScaleOptions, 'nodeFlags' | 'keep'>, log: (l: string) => void): Promise<ScaleRun> {
   const providers = Math.max(1, Math.floor(n / 10));
-  const dir = mkdtempSync(join(tmpdir(), 'ac-bench-scale-'));
-  const state = join(dir, 'state');
-  const handoff = join(state, 'handoff');
-  for (const d of [join(handoff, 'inbox'), join(handoff, 'slots')]) mkdirSync(d, { recursive: true });
-  for (const d of ['mcp-forwarder', 'cli-proxy']) mkdirSync(join(state, d), { recursive: true, mode: 0o700 });
-  const credential = `hostcred-scale-${Math.random().toString(36).slice(2)}${Date.now()}`;
-  const credentialFile = join(dir, 'host-credential');
-  writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
+  const { dir, state, handoff, credential, credentialFile } = scratchHost('ac-bench-scale-');
   const gw = await MockHostGateway.start({ staticHosts: { [HOST_ID]: credential }, tokenLifetimeMs: 6 * 3600_000 });
   const upstream = await okUpstream();
   const parts = new Map<PartName, Part>();
