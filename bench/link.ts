@@ -56,20 +56,20 @@ function spread(values: number[]): Spread {
   return { n: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.at(-1) ?? NaN) };
 }
 
-interface ProcFigures {
+export interface ProcFigures {
   cpuPercent: number;
   rssMiB: number;
   peakRssMiB: number;
 }
 
 /** VmHWM: the peak RSS of the process so far. */
-function peakRssBytes(pid: number): number {
+export function peakRssBytes(pid: number): number {
   const m = /^VmHWM:\s+(\d+)\s+kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   return Number(m?.[1] ?? NaN) * 1024;
 }
 
 /** CPU share and RSS of `pid` over `ms` of idling (RSS: the last of one sample a second). */
-async function idleFigures(pid: number, ms: number): Promise<ProcFigures> {
+export async function idleFigures(pid: number, ms: number): Promise<ProcFigures> {
   const cpu0 = cpuMicros(pid);
   const t0 = performance.now();
   let rss = rssBytes(pid);
@@ -86,7 +86,7 @@ async function idleFigures(pid: number, ms: number): Promise<ProcFigures> {
 }
 
 /** Polls until `probe` is true; resolves with the ms since `t0`. */
-async function until(probe: () => boolean | Promise<boolean>, t0: number, what: string, timeoutMs = 60_000, everyMs = 1): Promise<number> {
+export async function until(probe: () => boolean | Promise<boolean>, t0: number, what: string, timeoutMs = 60_000, everyMs = 1): Promise<number> {
   for (;;) {
     if (await probe()) return performance.now() - t0;
     if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
@@ -95,7 +95,7 @@ async function until(probe: () => boolean | Promise<boolean>, t0: number, what: 
 }
 
 /** A loopback upstream answering every request 200 with a JSON-RPC result. */
-async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }> {
+export async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }> {
   const server = createServer((req, res) => {
     req.resume();
     req.once('end', () => {
@@ -111,13 +111,13 @@ async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }
   };
 }
 
-interface Part {
+export interface Part {
   pid: number;
   log: string;
   stop: () => Promise<void>;
 }
 
-function startPart(cli: string, dir: string, name: string, args: string[]): Part {
+export function startPart(cli: string, dir: string, name: string, args: string[]): Part {
   const log = join(dir, `${name}.log`);
   const out = openSync(log, 'a');
   const env = { ...process.env };
@@ -128,7 +128,7 @@ function startPart(cli: string, dir: string, name: string, args: string[]): Part
   return { pid: child.pid as number, log, stop: () => stopChild(child, 'SIGTERM') };
 }
 
-async function status(url: string): Promise<number> {
+export async function status(url: string): Promise<number> {
   const r = await request(url, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
@@ -138,7 +138,7 @@ async function status(url: string): Promise<number> {
   return r.statusCode;
 }
 
-function appliedVersion(file: string): number {
+export function appliedVersion(file: string): number {
   try {
     const v = (JSON.parse(readFileSync(file, 'utf8')) as { version?: unknown; appliedAt?: unknown }) ?? {};
     return typeof v.version === 'number' && v.appliedAt ? v.version : -1;
@@ -147,7 +147,7 @@ function appliedVersion(file: string): number {
   }
 }
 
-function machine(): Record<string, string | number> {
+export function machine(): Record<string, string | number> {
   return {
     cpu: cpus()[0]?.model ?? 'unknown',
     cores: cpus().length,
@@ -158,13 +158,9 @@ function machine(): Record<string, string | number> {
   };
 }
 
-export async function runLinkBench(log: (line: string) => void, options: LinkBenchOptions = {}): Promise<Record<string, unknown>> {
-  const cli = options.cli ?? DEFAULT_CLI;
-  const cycles = options.cycles ?? 100;
-  const idleMs = options.idleMs ?? 60_000;
-  const many = options.bindings ?? 10_000;
-  const host = machine();
-  const dir = mkdtempSync(join(tmpdir(), 'ac-bench-link-'));
+/** A scratch state root laid out as install makes it, and an enrolled host's credential file. */
+export function scratchHost(prefix: string): { dir: string; state: string; handoff: string; credential: string; credentialFile: string } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
   const state = join(dir, 'state');
   const handoff = join(state, 'handoff');
   for (const d of [join(handoff, 'inbox'), join(handoff, 'slots')]) mkdirSync(d, { recursive: true });
@@ -172,6 +168,16 @@ export async function runLinkBench(log: (line: string) => void, options: LinkBen
   const credential = `hostcred-bench-${Math.random().toString(36).slice(2)}${Date.now()}`;
   const credentialFile = join(dir, 'host-credential');
   writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
+  return { dir, state, handoff, credential, credentialFile };
+}
+
+export async function runLinkBench(log: (line: string) => void, options: LinkBenchOptions = {}): Promise<Record<string, unknown>> {
+  const cli = options.cli ?? DEFAULT_CLI;
+  const cycles = options.cycles ?? 100;
+  const idleMs = options.idleMs ?? 60_000;
+  const many = options.bindings ?? 10_000;
+  const host = machine();
+  const { dir, state, handoff, credential, credentialFile } = scratchHost('ac-bench-link-');
 
   // Tokens outlive the run: every renewal measured is a new slot's first.
   const gw = await MockHostGateway.start({ staticHosts: { [HOST_ID]: credential }, tokenLifetimeMs: 6 * 3600_000 });

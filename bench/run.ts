@@ -14,6 +14,7 @@ import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
 import { runWatcherCost } from './watcher-cost.js';
+import { runScale, runScalePlot } from './scale.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
 
 async function main(): Promise<number> {
@@ -23,6 +24,11 @@ async function main(): Promise<number> {
     return 0;
   }
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
+  if (argv.includes('--scale')) {
+    installCleanup();
+    return runScale((l) => void process.stderr.write(`${l}\n`), argv);
+  }
+  if (argv.includes('--scale-plot')) return runScalePlot(argv.slice(argv.indexOf('--scale-plot') + 1));
   if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--limits')) {

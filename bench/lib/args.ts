@@ -37,6 +37,11 @@ export const USAGE = `usage: npm run bench -- [options]
                          (6 minutes on a busy 2-core VM; docs/host-link.md)
   --renew-burst          only renew fetch's rate for 2 000 new slots at --renew-concurrency
                          1 and 8, twice each (docs/host-link.md)
+  --scale                only the host's growth (docs/scale.md): a desired state of 10, 100,
+                         1 000, 10 000 bindings (providers a tenth) published → in force,
+                         then each part's idle RSS and CPU once every token is held;
+                         --sizes=10,100 for fewer, --tokens-wait=S (default 240)
+  --scale-plot A.json [B.json]  the growth plot (SVG, stdout) from --scale results
   --watcher              only the file watcher's cost: chokidar against fs.watch on a
                          directory of 10 000 token files, 3 runs each (docs/performance.md)
   --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen

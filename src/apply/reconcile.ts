@@ -16,7 +16,7 @@ import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
 import type { LocalConfigFiles, RememberedFile } from './local-config.js';
-import { deleteFile, ensureSlot, retireSlot } from './slot-admin.js';
+import { deleteFile, eachInParallel, ensureSlots, retireSlot } from './slot-admin.js';
 
 /**
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
@@ -122,20 +122,6 @@ export type ReconcileOutcome =
   | { kind: 'stale'; version: number; inForce: number }
   | { kind: 'applied'; version: number; plan: ReconcilePlan };
 
-/**
- * Each slot file is its own durable write (two fsyncs); one after the other, a state of
- * 10 000 new bindings spent minutes waiting on the disk. A few at a time keep the disk
- * busy without holding thousands of open files.
- */
-const SLOT_WRITES_IN_FLIGHT = 16;
-export async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Promise<unknown>): Promise<void> {
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < items.length) await fn(items[next++]!);
-  };
-  await Promise.all(Array.from({ length: Math.min(SLOT_WRITES_IN_FLIGHT, items.length) }, worker));
-}
-
 export async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
   const names = await readdir(paths.slots).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return [] as string[];
@@ -192,6 +178,19 @@ function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly 
   return own === undefined ? parsed : { ok: false, error: own };
 }
 
+/**
+ * The first look of a process at the state in force: the slot files and shims it needs
+ * are written without an fsync each (`ensureSlots`, `installShims`), so one a power loss
+ * took, or left empty, since the state was applied is made again here, at every start of
+ * apply. Files already right are only read; a slot the Gateway revoked stays revoked
+ * (only a new state revives it, as before).
+ */
+async function healInForce(deps: ReconcileDeps, desired: DesiredState): Promise<void> {
+  const healed = await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false });
+  if (healed.length > 0) deps.log.warn({ slots: healed.length }, 'slot files of the state in force were missing or unreadable; written again');
+  if (deps.renderShims) await deps.renderShims(toLocalConfig(desired, deps.layout).catalog);
+}
+
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
 export async function reconcileDesiredState(deps: ReconcileDeps): Promise<ReconcileOutcome> {
   const { paths, log } = deps;
@@ -223,11 +222,13 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     // The same version may be in force only half applied after a crash: applied-state is
     // written last, so "in force" means complete. Equal → done; older → ignored.
     if (desired.version <= applied.version && applied.appliedAt !== null) {
+      const firstLook = deps.memo?.lastDigest === undefined;
       if (deps.memo) deps.memo.lastDigest = digest;
       if (desired.version < applied.version) {
         log.warn({ version: desired.version, inForce: applied.version }, 'desired state older than the one in force; ignored');
         return { kind: 'stale', version: desired.version, inForce: applied.version };
       }
+      if (firstLook) await healInForce(deps, desired);
       return { kind: 'unchanged' };
     }
 
@@ -242,7 +243,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const plan = planReconcile(current, desired, deps.layout);
 
     // 1. new slots first: a binding in the registry always has a slot to renew it.
-    await eachInParallel(plan.ensureSlots, (slot) => ensureSlot(paths, slot));
+    await ensureSlots(paths, plan.ensureSlots, current.slots);
     crashPoint('reconcile-after-slots');
     // 2. the registry and the catalog.
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);

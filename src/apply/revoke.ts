@@ -6,8 +6,8 @@ import type { DesiredState } from '../data/desired-state.js';
 import { slotOfFileName } from '../data/handoff.js';
 import { readHostRevoked, type HostRevoked } from '../data/host-revoked.js';
 import { withFileLock } from '../fs/file-lock.js';
-import { eachInParallel, planReconcile, slotIdsPresent, writeAppliedState, writeConfig, type ReconcileDeps } from './reconcile.js';
-import { deleteFile, retireSlot } from './slot-admin.js';
+import { planReconcile, slotIdsPresent, writeAppliedState, writeConfig, type ReconcileDeps } from './reconcile.js';
+import { deleteFile, eachInParallel, retireSlot } from './slot-admin.js';
 
 export interface RevokeDeps extends Omit<ReconcileDeps, 'memo'> {
   /** The default token directories: swept of every `*.token`, whatever the registry named. */

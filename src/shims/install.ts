@@ -5,12 +5,16 @@ import { isAbsolute, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Catalog } from '../data/catalog.js';
 import { ConfigError } from '../errors.js';
-import { atomicWrite, isTempName, sweepStaleTemps } from '../fs/atomic-write.js';
+import { atomicWriteSync, fsyncDir, isTempName, sweepStaleTemps } from '../fs/atomic-write.js';
+import { readBoundedRegularFile } from '../fs/bounded-read.js';
 import { SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { renderShims, SHIM_MARKER } from './render.js';
 
 export interface InstallResult {
+  /** Every shim the catalog names, now in place. */
   written: string[];
+  /** Of those, the ones whose file was (re)written: the rest were already exactly that. */
+  changed: string[];
   removed: string[];
 }
 
@@ -32,10 +36,21 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
   const shims = renderShims(catalog, dir, proxyUrl, caBundle);
   const wanted = new Set(shims.map((s) => s.name));
   const written: string[] = [];
-  for (const shim of shims) {
-    await atomicWrite(join(dir, shim.name), shim.script, { mode: 0o755 });
+  const changed: string[] = [];
+  // A reconcile renders every shim of the catalog; 1 000 providers' shims, each its own
+  // atomic write with two fsyncs, took seconds on every change of the state, one binding
+  // or all. A shim already in place as rendered is left; the others are written whole or
+  // absent (temp + rename) without an fsync each, and one fsync of the directory makes the
+  // renames durable. A shim a power loss emptied is rendered again at apply's next start.
+  for (const [i, shim] of shims.entries()) {
+    if (i > 0 && i % SYNC_BATCH === 0) await new Promise((r) => setImmediate(r));
+    const path = join(dir, shim.name);
     written.push(shim.name);
+    if (await isInPlace(path, shim.script)) continue;
+    atomicWriteSync(path, shim.script, { mode: 0o755 });
+    changed.push(shim.name);
   }
+  if (changed.length > 0) await fsyncDir(dir);
   await sweepStaleTemps(dir);
   const removed: string[] = [];
   for (const name of await readdir(dir)) {
@@ -47,7 +62,24 @@ export async function installShims(catalog: Catalog, dir: string, proxyUrl: stri
       removed.push(name);
     }
   }
-  return { written, removed };
+  return { written, changed, removed };
+}
+
+/** Between two runs of this many synchronous writes, the loop takes its other work. */
+const SYNC_BATCH = 256;
+
+/**
+ * Whether `path` is already this shim: a regular file (not followed through a symlink),
+ * ours (this UID), mode 0755, with exactly this text. Anything else is rewritten.
+ */
+async function isInPlace(path: string, script: string): Promise<boolean> {
+  const bytes = Buffer.byteLength(script);
+  try {
+    const { text, stat } = await readBoundedRegularFile(path, bytes);
+    return (stat.mode & 0o7777) === 0o755 && stat.uid === process.geteuid?.() && text === script;
+  } catch {
+    return false; // missing, a symlink, not a regular file, larger: written afresh
+  }
 }
 
 /**

@@ -167,7 +167,7 @@ export async function buildParts(config: PartsConfig, log: Logger, hooks: PartHo
           renderShims: async (catalog) => {
             const proxyUrl = cliProxyUrl ? await cliProxyUrl : shims.proxyUrl;
             const r = await installShims(catalog, shims.dir, proxyUrl, shims.caBundle);
-            log.info({ dir: shims.dir, written: r.written.length, removed: r.removed.length }, 'shims rendered');
+            log.info({ dir: shims.dir, written: r.written.length, changed: r.changed.length, removed: r.removed.length }, 'shims rendered');
           },
         },
         metrics: metrics && createApplyMetrics(metrics.of('apply')),

@@ -188,3 +188,27 @@ t.test('reconcile keeps what it wrote: token targets and the next version come f
   t.same(await targetsOf('instance:i3'), [join(root, 'custom-i3.token')]);
   t.same(reads, { instances: 2, catalog: 1 });
 });
+
+t.test('reconcile: a new process heals the state in force: a lost or emptied slot file is made again, shims rendered again, a revoked slot stays revoked', async (t) => {
+  const { deps, rendered, write } = setup(t);
+  write(state(1, { [B1]: 'i1', [B2]: 'i2', [B3]: 'i3' }, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
+  // What a power loss can leave of files written without an fsync each.
+  rmSync(join(deps.paths.slots, 'instance:i1.json'));
+  writeFileSync(join(deps.paths.slots, 'cli:gh.json'), '');
+  const revoked = { slot: 'instance:i3', tokenId: null, expiresAt: null, generation: 0, revoked: true };
+  writeFileSync(join(deps.paths.slots, 'instance:i3.json'), JSON.stringify(revoked));
+  const untouched = statSync(join(deps.paths.slots, 'instance:i2.json')).ino;
+  t.same(await reconcileDesiredState(deps), { kind: 'unchanged' }, 'the same process: nothing read again');
+  t.notOk(existsSync(join(deps.paths.slots, 'instance:i1.json')), 'not healed by a rescan');
+
+  const restarted = { ...deps, memo: {} };
+  t.same(await reconcileDesiredState(restarted), { kind: 'unchanged' }, 'the next start: the version is in force');
+  const { slots, errors } = await readSlots(deps.paths);
+  t.same(errors, [], 'no unreadable slot file left');
+  t.same(slots.map((s) => s.slot), ['cli:gh', 'instance:i1', 'instance:i2', 'instance:i3']);
+  t.equal(statSync(join(deps.paths.slots, 'instance:i2.json')).ino, untouched, 'a good slot file is not rewritten');
+  t.same(JSON.parse(readFileSync(join(deps.paths.slots, 'instance:i3.json'), 'utf8')), revoked, 'the revoked slot is left revoked');
+  t.equal(rendered.length, 2, 'the shims rendered again');
+  t.equal(statSync(join(deps.paths.slots, 'instance:i1.json')).mode & 0o777, 0o640);
+});

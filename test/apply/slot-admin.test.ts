@@ -1,8 +1,8 @@
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { ensureSlot, retireSlot, writeSlotFile } from '../../src/apply/slot-admin.js';
+import { ensureSlot, ensureSlots, retireSlot, writeSlotFile } from '../../src/apply/slot-admin.js';
 import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
@@ -96,4 +96,33 @@ t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
   await writeSlotFile(p, s);
   t.equal(statSync(join(p.slots, 'cli:x.json')).mode & 0o777, 0o640);
   t.strictSame(await readSlotFile(p, 'cli:x'), s);
+});
+
+t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves the good; refuses a symlink', async (t) => {
+  const p = handoff();
+  const slots = Array.from({ length: 300 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
+  t.same(await ensureSlots(p, slots, new Set()), slots, 'every one new (more than one batch of synchronous writes)');
+  for (const s of [slots[0]!, slots[299]!]) {
+    t.strictSame(JSON.parse(readFileSync(slotPath(p, s), 'utf8')) as unknown, { slot: s, tokenId: null, expiresAt: null, generation: 0 });
+    t.equal(statSync(slotPath(p, s)).mode & 0o777, 0o640);
+  }
+  const good = slots[1]!;
+  const held: SlotFile = { slot: good, tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 };
+  await writeSlotFile(p, held);
+  const ino = statSync(slotPath(p, good)).ino;
+  writeFileSync(slotPath(p, slots[2]!), '');
+  await writeSlotFile(p, { ...held, slot: slots[3]!, revoked: true });
+  const present = new Set(slots.slice(0, 4));
+  t.same(await ensureSlots(p, slots.slice(0, 4), present, { revive: false }), [slots[2]], 'without revive: the emptied one only');
+  t.same(await ensureSlots(p, slots.slice(0, 4), present), [slots[3]], 'the revoked one revived');
+  t.notOk((await readSlotFile(p, slots[3]!))?.revoked, 'no longer revoked');
+  t.equal((await readSlotFile(p, slots[3]!))?.tokenId, 'tid_1', 'what it held is kept');
+  t.equal(statSync(slotPath(p, good)).ino, ino, 'the good one is not rewritten');
+  t.strictSame(await readSlotFile(p, good), held);
+
+  const elsewhere = join(tempDir('ac-slots-target-', t), 'x');
+  writeFileSync(elsewhere, 'mine\n');
+  symlinkSync(elsewhere, slotPath(p, 'instance:linked'));
+  await t.rejects(ensureSlots(p, ['instance:linked'], new Set(['instance:linked'])), /symlink/);
+  t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind it untouched');
 });

@@ -1,4 +1,4 @@
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
@@ -101,4 +101,30 @@ t.test('the sweep removes a dot-named shim an older release rendered, and every 
   const r = await installShims(catalog(['acme']), dir, 'http://127.0.0.1:14324', BUNDLE);
   t.same(r.removed.sort(), ['.bashrc', '.link', '.profile']);
   t.same(readdirSync(dir).sort(), ['.keepdir', temp, 'acme', 'operator-tool'].sort(), 'a directory, a live temp file and a foreign non-dot file stay');
+});
+
+t.test('a shim already in place as rendered is left as it is; a changed, chmod-ed or replaced one is written again', async (t) => {
+  const dir = tempDir('ac-shims-', t);
+  const first = await installShims(catalog(['acme', 'acme-admin', 'acme-ro']), dir, 'http://127.0.0.1:14324', BUNDLE);
+  t.same(first.changed, ['acme', 'acme-admin', 'acme-ro'], 'all new');
+  const ino = (name: string): number => statSync(join(dir, name)).ino;
+  const before = { acme: ino('acme'), admin: ino('acme-admin'), ro: ino('acme-ro') };
+  chmodSync(join(dir, 'acme-admin'), 0o777);
+  writeFileSync(join(dir, 'acme-ro'), `${readFileSync(join(dir, 'acme-ro'), 'utf8')}# edited\n`);
+  const again = await installShims(catalog(['acme', 'acme-admin', 'acme-ro']), dir, 'http://127.0.0.1:14324', BUNDLE);
+  t.same(again.written, ['acme', 'acme-admin', 'acme-ro'], 'every shim is in place');
+  t.same(again.changed, ['acme-admin', 'acme-ro'], 'only the two that differ');
+  t.equal(ino('acme'), before.acme, 'the unchanged shim is the same file');
+  t.not(ino('acme-admin'), before.admin);
+  t.equal(statSync(join(dir, 'acme-admin')).mode & 0o7777, 0o755, 'its mode back to 0755');
+  t.notMatch(readFileSync(join(dir, 'acme-ro'), 'utf8'), /# edited/, 'the edit undone');
+  const withUrl = (port: number): Promise<{ changed: string[] }> => {
+    const c = catalog(['acme']);
+    c.acme!.commands[0]!.env = { ACME_URL: '{baseUrl}' };
+    return installShims(c, dir, `http://127.0.0.1:${port}`, BUNDLE);
+  };
+  t.same((await withUrl(14324)).changed, ['acme'], 'a new variable: rewritten');
+  t.same((await withUrl(14324)).changed, [], 'the same again: left');
+  t.same((await withUrl(9)).changed, ['acme'], 'another proxy URL: rewritten');
+  t.match(readFileSync(join(dir, 'acme'), 'utf8'), /127\.0\.0\.1:9\/p\/acme/);
 });

@@ -211,8 +211,15 @@ export class HostControl {
 
   /** Many bindings in one version (a large account), for scale tests. */
   connectBindings(bindings: Readonly<Record<string, DesiredBinding>>): void {
-    this.#change((s) => ({ ...s, bindings: { ...s.bindings, ...bindings } }));
+    this.connectMany(bindings, {});
+  }
+
+  /** Many bindings and providers in one version (a large account), for scale benches. */
+  connectMany(bindings: Readonly<Record<string, DesiredBinding>>, providers: Readonly<Record<string, DesiredProvider>>): void {
+    // Slots first: a host that gets the state at once can renew every slot of it.
     for (const b of Object.values(bindings)) this.#authority.createSlot(instanceSlot(b.instanceId));
+    for (const name of Object.keys(providers)) this.#authority.createSlot(cliSlot(name));
+    this.#change((s) => ({ ...s, bindings: { ...s.bindings, ...bindings }, providers: { ...s.providers, ...providers } }));
   }
 
   /**

@@ -1,0 +1,342 @@
+/**
+ * `npm run bench -- --scale`: how a host grows from 10 to 10 000 bindings (issue 23 item 2,
+ * docs/scale.md). For each N (bindings; providers N/10, one command each), a fresh state
+ * root and real CLI processes (`link`, `renew apply --watch`, `forwarder`, `cli-proxy`)
+ * against the mock host Gateway in this process, which publishes the whole state as one
+ * version. From that moment (each part's own log time):
+ *
+ * - the link handed it over (desired-state.json renamed in)
+ * - apply applied it (applied-state.json; its log line), and rendered the shims
+ * - the forwarder loaded the registry, the cli-proxy the catalog (with N and N/10 entries)
+ * - a sample of bindings and providers answers (503 `token_unavailable` until its token is
+ *   there, then 200; 404 before), polled by this process: "in force" is the last of these and the shims
+ * - every binding and provider holds a token (the link's renewals; reported, not the goal here)
+ * then each part's RSS and CPU over `idleMs` once every token is held (or the wait gave up:
+ * `renewing` says so, and then the window is not idle).
+ *
+ * CPU is utime+stime from /proc (robust under load); the load average is printed next to
+ * every run. Not a test: nothing is asserted. `renderScaleSvg` draws the growth plot.
+ */
+import { readdirSync, readFileSync, rmSync } from 'node:fs';
+import { loadavg } from 'node:os';
+import { join } from 'node:path';
+import { request } from 'undici';
+import { MockHostGateway } from '../test/support/mock-host-gateway.js';
+import { appliedVersion, machine, okUpstream, scratchHost, startPart, until, type Part } from './link.js';
+import { DEFAULT_CLI } from './lib/paths.js';
+import { cpuMicros, freePort, rssBytes, sleep, waitForJsonLine, waitForPort } from './lib/proc.js';
+
+const HOST_ID = 'bench-host';
+const MiB = 1024 * 1024;
+const PART_NAMES = ['link', 'apply', 'forwarder', 'cli-proxy'] as const;
+type PartName = (typeof PART_NAMES)[number];
+
+export interface ScaleOptions {
+  cli?: string;
+  sizes?: number[];
+  /** Idle window per size, ms (default 10 000). */
+  idleMs?: number;
+  /** How long to wait for every token before measuring idle anyway (default 240 s). */
+  tokensTimeoutMs?: number;
+  /** The link's `--renew-concurrency` (default 8: the tokens are not what is measured here). */
+  renewConcurrency?: number;
+  /** Extra node flags per part (e.g. `--cpu-prof` for apply), for finding where time goes. */
+  nodeFlags?: Partial<Record<PartName, string[]>>;
+  /** Keep the scratch directory (profiles, logs). */
+  keep?: boolean;
+}
+
+export interface ScaleRun {
+  bindings: number;
+  providers: number;
+  loadavg1: number;
+  /** ms from published, by each part's log (or this process's probe). */
+  handedOverMs: number;
+  appliedMs: number;
+  shimsMs: number;
+  registryLoadedMs: number;
+  catalogLoadedMs: number;
+  sampleServedMs: number;
+  inForceMs: number;
+  allTokensMs: number | null;
+  /** CPU each part spent from published to in force, ms. */
+  cpuToInForceMs: Record<PartName, number>;
+  idle: { seconds: number; renewing: boolean; cpuPercent: Record<PartName, number>; rssMiB: Record<PartName, number> };
+}
+
+interface LogLine {
+  time?: string;
+  msg?: string;
+  [k: string]: unknown;
+}
+
+function logLines(file: string): LogLine[] {
+  const out: LogLine[] = [];
+  for (const line of readFileSync(file, 'utf8').split('\n')) {
+    if (!line.startsWith('{')) continue;
+    try {
+      out.push(JSON.parse(line) as LogLine);
+    } catch {
+      // a line being written
+    }
+  }
+  return out;
+}
+
+/** The epoch ms of the first log line after `since` matching `pred`. */
+async function logTime(file: string, since: number, pred: (l: LogLine) => boolean, what: string, timeoutMs: number): Promise<number> {
+  const t0 = Date.now();
+  for (;;) {
+    const hit = logLines(file).find((l) => l.time !== undefined && Date.parse(l.time) >= since - 5 && pred(l));
+    if (hit?.time) return Date.parse(hit.time);
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out waiting for ${what} in ${file}`);
+    await sleep(20);
+  }
+}
+
+async function statusOf(url: string, post: boolean): Promise<number> {
+  const r = await request(url, post ? { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' } : { method: 'GET' });
+  await r.body.dump();
+  return r.statusCode;
+}
+
+/** Up to `k` indices spread over 0..n-1 (first and last included). */
+function sampleIndices(n: number, k: number): number[] {
+  if (n <= k) return Array.from({ length: n }, (_, i) => i);
+  return [...new Set(Array.from({ length: k }, (_, j) => Math.round((j * (n - 1)) / (k - 1))))];
+}
+
+const bindingId = (i: number): string => `bind_scale_${String(i).padStart(6, '0')}`;
+const providerName = (i: number): string => `prov-${i}`;
+
+async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'nodeFlags' | 'keep'>> & Pick<ScaleOptions, 'nodeFlags' | 'keep'>, log: (l: string) => void): Promise<ScaleRun> {
+  const providers = Math.max(1, Math.floor(n / 10));
+  const { dir, state, handoff, credential, credentialFile } = scratchHost('ac-bench-scale-');
+  const gw = await MockHostGateway.start({ staticHosts: { [HOST_ID]: credential }, tokenLifetimeMs: 6 * 3600_000 });
+  const upstream = await okUpstream();
+  const parts = new Map<PartName, Part>();
+  try {
+    const fwdPort = await freePort();
+    const cliPort = await freePort();
+    const start = (name: PartName, args: string[]): Part => {
+      const extra = o.nodeFlags?.[name] ?? [];
+      // startPart runs `node <first> <rest…>`: node's own flags go first.
+      const [first, ...rest] = [...extra, o.cli, ...args] as [string, ...string[]];
+      const part = startPart(first, dir, name, rest);
+      parts.set(name, part);
+      return part;
+    };
+    start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
+    start('cli-proxy', ['cli-proxy', '--state-dir', state, '--listen', `127.0.0.1:${cliPort}`]);
+    await Promise.all([waitForPort(fwdPort, 120_000), waitForPort(cliPort, 120_000)]);
+    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims'), '--proxy-url', `http://127.0.0.1:${cliPort}`]);
+    await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 120_000);
+    // prettier-ignore
+    start('link', [
+      'link', '--gateway', gw.url, '--credential', credentialFile, '--handoff', handoff, '--state-dir', state, '--host-id', HOST_ID,
+      '--forwarder-health', `http://127.0.0.1:${fwdPort}/healthz`, '--cli-proxy-health', `http://127.0.0.1:${cliPort}/healthz`,
+      '--renew-concurrency', String(o.renewConcurrency),
+    ]);
+    const applied = join(handoff, 'applied-state.json');
+    await until(() => appliedVersion(applied) === gw.control.version, performance.now(), 'the first state applied', 120_000, 20);
+    // Settled: the parts' start-up is not part of the figures.
+    await sleep(1000);
+
+    const bindings = Object.fromEntries(Array.from({ length: n }, (_, i) => [bindingId(i), { instanceId: `scale-${i}`, upstreamUrl: `${upstream.url}/mcp/${i}` }]));
+    const catalog = Object.fromEntries(
+      Array.from({ length: providers }, (_, i) => [
+        providerName(i),
+        { upstream: `${upstream.url}/api/${i}`, inject: { type: 'header' as const, name: 'Authorization', value: 'Bearer {token}' }, commands: [{ name: `tool-${i}`, env: { TOOL_BASE_URL: '{baseUrl}' } }] },
+      ]),
+    );
+    const cpu0 = new Map([...parts].map(([k, p]) => [k, cpuMicros(p.pid)]));
+    const loadavg1 = Math.round((loadavg()[0] ?? 0) * 100) / 100;
+    log(`scale: ${n} bindings, ${providers} providers (load ${loadavg1})`);
+    // Published once the Gateway holds it (building the stand-in's 10 000 slots is not the host's time).
+    gw.control.connectMany(bindings, catalog);
+    const published = Date.now();
+    const version = gw.control.version;
+    const timeout = 600_000;
+    const part = (p: PartName): Part => parts.get(p) as Part;
+    // In force: a sample of bindings and providers answers (503 until its token is there), no more 404.
+    const bSample = sampleIndices(n, 20);
+    const pSample = sampleIndices(providers, 10);
+    const pending = new Set([...bSample.map((i) => `http://127.0.0.1:${fwdPort}/i/${bindingId(i)}/mcp`), ...pSample.map((i) => `http://127.0.0.1:${cliPort}/p/${providerName(i)}/v1`)]);
+    const sampleServed = until(
+      async () => {
+        for (const url of [...pending]) if ((await statusOf(url, url.includes('/i/'))) !== 404) pending.delete(url);
+        return pending.size === 0;
+      },
+      performance.now(),
+      'the sample answering',
+      timeout,
+      5,
+    ).then(() => Date.now());
+    const [handedOver, appliedAt, shims, registry, cat, served] = await Promise.all([
+      logTime(part('link').log, published, (l) => l.msg === 'desired state handed over to apply' && l.version === version, 'hand-over', timeout),
+      logTime(part('apply').log, published, (l) => l.msg === 'desired state applied' && l.version === version, 'applied', timeout),
+      logTime(part('apply').log, published, (l) => l.msg === 'shims rendered' && l.written === providers, 'shims', timeout),
+      logTime(part('forwarder').log, published, (l) => l.msg === 'registry loaded' && l.instances === n, 'registry loaded', timeout),
+      logTime(part('cli-proxy').log, published, (l) => l.msg === 'catalog loaded' && l.providers === providers, 'catalog loaded', timeout),
+      sampleServed,
+    ]);
+    const cpuToInForceMs = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((cpuMicros(part(p).pid) - (cpu0.get(p) ?? 0)) / 1000)])) as Record<PartName, number>;
+    const inForce = Math.max(served, shims, appliedAt);
+    log(`  in force after ${inForce - published} ms; waiting for every token`);
+    const tokens = (): number =>
+      readdirSync(join(state, 'mcp-forwarder')).filter((f) => f.startsWith('scale-') && f.endsWith('.token')).length +
+      readdirSync(join(state, 'cli-proxy')).filter((f) => f.startsWith('prov-') && f.endsWith('.token')).length;
+    let allTokensMs: number | null = null;
+    try {
+      await until(() => tokens() >= n + providers, performance.now(), 'every token', o.tokensTimeoutMs, 250);
+      allTokensMs = Date.now() - published;
+    } catch {
+      log(`  ${tokens()}/${n + providers} tokens after ${o.tokensTimeoutMs / 1000} s; idle measured while renewing`);
+    }
+    await sleep(2000);
+    const c0 = new Map(PART_NAMES.map((p) => [p, cpuMicros(part(p).pid)]));
+    const t0 = performance.now();
+    await sleep(o.idleMs);
+    const elapsed = performance.now() - t0;
+    const cpuPercent = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round(((cpuMicros(part(p).pid) - (c0.get(p) ?? 0)) / 1000 / elapsed) * 10_000) / 100])) as Record<PartName, number>;
+    const rssMiB = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((rssBytes(part(p).pid) / MiB) * 10) / 10])) as Record<PartName, number>;
+    return {
+      bindings: n,
+      providers,
+      loadavg1,
+      handedOverMs: handedOver - published,
+      appliedMs: appliedAt - published,
+      shimsMs: shims - published,
+      registryLoadedMs: registry - published,
+      catalogLoadedMs: cat - published,
+      sampleServedMs: served - published,
+      inForceMs: inForce - published,
+      allTokensMs,
+      cpuToInForceMs,
+      idle: { seconds: o.idleMs / 1000, renewing: allTokensMs === null, cpuPercent, rssMiB },
+    };
+  } finally {
+    for (const p of [...parts.values()].reverse()) await p.stop();
+    await gw.close();
+    await upstream.close();
+    if (o.keep) log(`  kept ${dir}`);
+    else rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+export async function runScaleBench(log: (line: string) => void, options: ScaleOptions = {}): Promise<{ machine: Record<string, string | number>; runs: ScaleRun[] }> {
+  const o = {
+    cli: options.cli ?? DEFAULT_CLI,
+    idleMs: options.idleMs ?? 10_000,
+    tokensTimeoutMs: options.tokensTimeoutMs ?? 240_000,
+    renewConcurrency: options.renewConcurrency ?? 8,
+    nodeFlags: options.nodeFlags,
+    keep: options.keep,
+  };
+  const host = machine();
+  const runs: ScaleRun[] = [];
+  for (const n of options.sizes ?? [10, 100, 1_000, 10_000]) runs.push(await oneSize(n, o, log));
+  return { machine: host, runs };
+}
+
+/** The growth table of docs/scale.md. */
+export function scaleMarkdown(runs: readonly ScaleRun[]): string {
+  const parts = PART_NAMES.join(' / ');
+  return [
+    `| bindings (providers) | load | handed over | applied | registry loaded | sample served | shims | **in force** | every token | idle RSS MiB (${parts}) | idle CPU % (${parts}) |`,
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+    ...runs.map((r) =>
+      [
+        `${r.bindings} (${r.providers})`,
+        r.loadavg1,
+        ms(r.handedOverMs),
+        ms(r.appliedMs),
+        ms(r.registryLoadedMs),
+        ms(r.sampleServedMs),
+        ms(r.shimsMs),
+        `**${ms(r.inForceMs)}**`,
+        r.allTokensMs === null ? 'not within the wait' : ms(r.allTokensMs),
+        PART_NAMES.map((p) => r.idle.rssMiB[p]).join(' / '),
+        `${PART_NAMES.map((p) => r.idle.cpuPercent[p]).join(' / ')}${r.idle.renewing ? ' (renewing)' : ''}`,
+      ].join(' | '),
+    ).map((row) => `| ${row} |`),
+  ].join('\n');
+}
+
+function ms(x: number): string {
+  return x >= 1000 ? `${(x / 1000).toFixed(1)} s` : `${Math.round(x)} ms`;
+}
+
+export interface ScaleSeries {
+  label: string;
+  runs: readonly ScaleRun[];
+}
+
+/**
+ * The growth plot: published → in force (left, log scale) and the largest part's idle RSS
+ * (right panel), against bindings (log scale), one line per series (before / after).
+ */
+export function renderScaleSvg(series: readonly ScaleSeries[]): string {
+  const W = 860;
+  const H = 340;
+  const panel = (x0: number, title: string, unit: string, value: (r: ScaleRun) => number, bound: number): string => {
+    const pw = 360;
+    const ph = 230;
+    const top = 50;
+    const all = series.flatMap((s) => s.runs.map(value)).filter((v) => v > 0);
+    const lo = Math.pow(10, Math.floor(Math.log10(Math.min(bound, ...all))));
+    const hi = Math.pow(10, Math.ceil(Math.log10(Math.max(bound, ...all))));
+    const xs = (n: number): number => x0 + ((Math.log10(n) - 1) / 3) * pw;
+    const ys = (v: number): number => top + ph - ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo))) * ph;
+    const out: string[] = [`<text x="${x0 + pw / 2}" y="30" text-anchor="middle" font-weight="bold">${title}</text>`];
+    for (let d = lo; d <= hi; d *= 10) out.push(`<line x1="${x0}" x2="${x0 + pw}" y1="${ys(d)}" y2="${ys(d)}" stroke="#ddd"/><text x="${x0 - 6}" y="${ys(d) + 4}" text-anchor="end">${d} ${unit}</text>`);
+    for (const n of [10, 100, 1000, 10000]) out.push(`<line x1="${xs(n)}" x2="${xs(n)}" y1="${top}" y2="${top + ph}" stroke="#eee"/><text x="${xs(n)}" y="${top + ph + 18}" text-anchor="middle">${n}</text>`);
+    out.push(`<line x1="${x0}" x2="${x0 + pw}" y1="${ys(bound)}" y2="${ys(bound)}" stroke="#c00" stroke-dasharray="6 4"/><text x="${x0 + pw}" y="${ys(bound) - 5}" text-anchor="end" fill="#c00">bound ${bound} ${unit}</text>`);
+    const colours = ['#888', '#06c', '#090', '#c60'];
+    series.forEach((s, i) => {
+      const pts = s.runs.map((r) => `${xs(r.bindings).toFixed(1)},${ys(value(r)).toFixed(1)}`);
+      out.push(`<polyline fill="none" stroke="${colours[i % colours.length]}" stroke-width="2" points="${pts.join(' ')}"/>`);
+      for (const p of pts) out.push(`<circle cx="${p.split(',')[0]}" cy="${p.split(',')[1]}" r="3" fill="${colours[i % colours.length]}"/>`);
+      out.push(`<text x="${x0 + 10}" y="${top + 16 + i * 16}" fill="${colours[i % colours.length]}">${s.label}</text>`);
+    });
+    out.push(`<text x="${x0 + pw / 2}" y="${top + ph + 38}" text-anchor="middle">bindings (providers: bindings / 10)</text>`);
+    return out.join('\n');
+  };
+  const maxRss = (r: ScaleRun): number => Math.max(...Object.values(r.idle.rssMiB));
+  return [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif" font-size="12">`,
+    '<rect width="100%" height="100%" fill="white"/>',
+    panel(70, 'published → in force', 'ms', (r) => r.inForceMs, 2000),
+    panel(480, 'idle RSS, largest part', 'MiB', maxRss, 150),
+    '</svg>',
+    '',
+  ].join('\n');
+}
+
+export async function runScale(log: (line: string) => void, argv: readonly string[], cli?: string): Promise<number> {
+  const sizesArg = argv.find((a) => a.startsWith('--sizes='));
+  const sizes = sizesArg ? sizesArg.slice('--sizes='.length).split(',').map(Number) : undefined;
+  const wait = argv.find((a) => a.startsWith('--tokens-wait='));
+  const prof = argv.find((a) => a.startsWith('--cpu-prof='));
+  const res = await runScaleBench(log, {
+    ...(cli === undefined ? {} : { cli }),
+    ...(sizes ? { sizes } : {}),
+    ...(wait ? { tokensTimeoutMs: Number(wait.slice('--tokens-wait='.length)) * 1000 } : {}),
+    // `--cpu-prof=apply,forwarder`: those parts run with node's --cpu-prof; the profiles stay in the kept scratch directory.
+    ...(prof ? { nodeFlags: Object.fromEntries(prof.slice('--cpu-prof='.length).split(',').map((p) => [p, ['--cpu-prof']])) } : {}),
+    keep: argv.includes('--keep') || prof !== undefined,
+  });
+  // stdout is the JSON alone (what --scale-plot reads); the table goes with the log.
+  process.stdout.write(`${JSON.stringify(res, null, 2)}\n`);
+  log(scaleMarkdown(res.runs));
+  return 0;
+}
+
+/** `--scale-plot before.json after.json`: each a `--scale` result (its JSON), labelled by its file name. */
+export async function runScalePlot(files: readonly string[]): Promise<number> {
+  const series = files
+    .filter((f) => f.endsWith('.json'))
+    .map((f) => ({ label: f.replace(/^.*\//, '').replace(/\.json$/, ''), runs: (JSON.parse(readFileSync(f, 'utf8')) as { runs: ScaleRun[] }).runs }));
+  process.stdout.write(renderScaleSvg(series));
+  return 0;
+}
