@@ -47,6 +47,8 @@ export interface PeerStartOptions {
   nodeArgs?: string[];
   /** Extra CLI options for the forwarder and cli-proxy peers (`--metrics-listen …`, `--no-audit`). */
   extraArgs?: string[];
+  /** The Node floor reads its token from a file on every request, as a secret-holding proxy must (default: a fixed header). */
+  floorReadsToken?: boolean;
   workDir: string;
 }
 
@@ -115,7 +117,13 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       return makePeer(name, proc, port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'node-floor': {
-      const proc = await startNode(opts, dir, [String(upstreamPort)], FLOOR_PROXY_JS);
+      const args = [String(upstreamPort)];
+      if (opts.floorReadsToken) {
+        const tokenFile = join(dir, 'bench.token');
+        writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
+        args.push('--token-file', tokenFile);
+      }
+      const proc = await startNode(opts, dir, args, FLOOR_PROXY_JS);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':
