@@ -1,8 +1,10 @@
 /**
- * The real-MCP bench's server, run as its own process (`node build/bench/mcp-server.js N`):
- * the MCP SDK's StreamableHTTPServerTransport, stateful (one session per client, found by
- * `Mcp-Session-Id`), on N loopback ports (one per peer, as bench/upstream.ts does), each
- * serving
+ * The real-MCP bench's server, run as its own process
+ * (`node build/bench/mcp-server.js stateful,stateless,…`, one word per port): the MCP SDK's
+ * StreamableHTTPServerTransport on loopback ports (one per peer, as bench/upstream.ts
+ * does). Stateful: one session per client, found by `Mcp-Session-Id`. Stateless: a fresh
+ * server and transport per request (the SDK's way), for a peer that does not carry the
+ * session header (the cli-proxy's answer headers are the CLI whitelist). Each port serves
  *   /sse    answers framed as SSE (the SDK's default)
  *   /json   answers as one JSON body (enableJsonResponse)
  * with one tool, `echo`, answering its `text` argument. Every request must carry
@@ -17,7 +19,7 @@ import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { CallToolRequestSchema, ListToolsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
-const count = Number(process.argv[2] ?? '1');
+const modes = (process.argv[2] ?? 'stateful').split(',');
 const expected = `Bearer ${process.env.BENCH_MCP_TOKEN ?? ''}`;
 const sessions = new Map<string, StreamableHTTPServerTransport>();
 
@@ -32,7 +34,7 @@ function mcpServer(): Server {
   return server;
 }
 
-async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+async function handle(stateful: boolean, req: IncomingMessage, res: ServerResponse): Promise<void> {
   if (req.headers.authorization !== expected) {
     res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"unauthorized"}');
     return;
@@ -40,6 +42,13 @@ async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> 
   const path = (req.url ?? '/').split('?')[0];
   if (path !== '/sse' && path !== '/json') {
     res.writeHead(404).end();
+    return;
+  }
+  if (!stateful) {
+    const t = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: path === '/json' });
+    await mcpServer().connect(t);
+    res.once('close', () => void t.close());
+    await t.handleRequest(req, res);
     return;
   }
   const id = req.headers['mcp-session-id'];
@@ -62,9 +71,9 @@ async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> 
 }
 
 const ports: number[] = [];
-for (let i = 0; i < count; i++) {
+for (const mode of modes) {
   const srv = createServer({ noDelay: true, keepAliveTimeout: 60_000 }, (req, res) => {
-    handle(req, res).catch((err: unknown) => {
+    handle(mode === 'stateful', req, res).catch((err: unknown) => {
       process.stderr.write(`bench mcp server: ${err instanceof Error ? err.message : String(err)}\n`);
       if (!res.headersSent) res.writeHead(500).end();
     });
