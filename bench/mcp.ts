@@ -157,88 +157,95 @@ async function startRoutes(
   const routes: Route[] = [];
   const stops: (() => Promise<void>)[] = [];
   const direct = (i: number, f: Framing): string => `http://127.0.0.1:${server.ports[i] as number}/${f}`;
-  for (const [i, name] of peers.entries()) {
-    log(`  starting ${name}`);
-    switch (name) {
-      case 'direct':
-        for (const framing of FRAMINGS) {
-          const client = await httpClient(direct(i, framing), { authorization: `Bearer ${BENCH_TOKEN}` });
-          routes.push({ peer: name, framing, client, pids: () => [], close: () => client.close() });
-        }
-        break;
-      case 'node-floor':
-      case 'forwarder':
-      case 'cli-proxy': {
-        const peer: Peer = await startPeer(name, {
-          cli,
-          upstreamPort: server.ports[i] as number,
-          endpoints: { sse: '/sse', json: '/json' },
-          workDir: work,
-          floorReadsToken: true,
-        });
-        stops.push(() => peer.stop());
-        for (const framing of FRAMINGS) {
-          const client = await httpClient(peer.url(framing));
-          routes.push({ peer: name, framing, client, pids: () => peer.pids(), close: () => client.close() });
-        }
-        break;
-      }
-      case 'mcp-remote': {
-        if (!bins) break;
-        for (const framing of FRAMINGS) {
-          const logFd = openSync(join(work, `mcp-remote-${framing}.log`), 'a');
-          const transport = new StdioClientTransport({
-            command: process.execPath,
-            args: mcpRemoteArgs(bins, direct(i, framing)),
-            env: npmPeerEnv(work),
-            stderr: logFd,
+  const stop = async (): Promise<void> => {
+    for (const r of routes) await r.close().catch(() => undefined);
+    for (const s of stops) await s();
+  };
+  try {
+    await startEach();
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { routes, stop };
+
+  async function startEach(): Promise<void> {
+    for (const [i, name] of peers.entries()) {
+      log(`  starting ${name}`);
+      switch (name) {
+        case 'direct':
+          for (const framing of FRAMINGS) {
+            const client = await httpClient(direct(i, framing), { authorization: `Bearer ${BENCH_TOKEN}` });
+            routes.push({ peer: name, framing, client, pids: () => [], close: () => client.close() });
+          }
+          break;
+        case 'node-floor':
+        case 'forwarder':
+        case 'cli-proxy': {
+          const peer: Peer = await startPeer(name, {
+            cli,
+            upstreamPort: server.ports[i] as number,
+            endpoints: { sse: '/sse', json: '/json' },
+            workDir: work,
+            floorReadsToken: true,
           });
-          const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
-          await client.connect(transport);
-          closeSync(logFd);
-          const pid = transport.pid as number;
-          const tree = processTree(pid);
-          routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+          stops.push(() => peer.stop());
+          for (const framing of FRAMINGS) {
+            const client = await httpClient(peer.url(framing));
+            routes.push({ peer: name, framing, client, pids: () => peer.pids(), close: () => client.close() });
+          }
+          break;
         }
-        break;
-      }
-      case 'supergateway': {
-        if (!bins) break;
-        for (const framing of FRAMINGS) {
-          const port = await freePort();
-          const logPath = join(work, `supergateway-${framing}.log`);
-          const out = openSync(logPath, 'a');
-          // supergateway runs --stdio through a shell: single quotes keep ${BENCH_AUTH} for mcp-remote to expand.
-          const stdio = `${process.execPath} ${mcpRemoteArgs(bins, direct(i, framing))
-            .map((a) => `'${a}'`)
-            .join(' ')}`;
-          const child = spawnTracked(
-            process.execPath,
-            [bins.supergateway, '--stdio', stdio, '--outputTransport', 'streamableHttp', '--stateful', '--port', String(port), '--logLevel', 'none'],
-            { stdio: ['ignore', out, out], env: npmPeerEnv(work) },
-          );
-          closeSync(out);
-          stops.push(() => stopChild(child));
-          await Promise.race([
-            waitForPort(port, 30_000),
-            new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`supergateway exited before listening:\n${readFileSync(logPath, 'utf8').slice(-2000)}`)))),
-          ]);
-          const client = await httpClient(`http://127.0.0.1:${port}/mcp`);
-          // The session's mcp-remote child exists once the session does.
-          const tree = processTree(child.pid as number);
-          routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+        case 'mcp-remote': {
+          if (!bins) break;
+          for (const framing of FRAMINGS) {
+            const logFd = openSync(join(work, `mcp-remote-${framing}.log`), 'a');
+            const transport = new StdioClientTransport({
+              command: process.execPath,
+              args: mcpRemoteArgs(bins, direct(i, framing)),
+              env: npmPeerEnv(work),
+              stderr: logFd,
+            });
+            const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
+            await client.connect(transport);
+            closeSync(logFd);
+            const pid = transport.pid as number;
+            const tree = processTree(pid);
+            routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+          }
+          break;
         }
-        break;
+        case 'supergateway': {
+          if (!bins) break;
+          for (const framing of FRAMINGS) {
+            const port = await freePort();
+            const logPath = join(work, `supergateway-${framing}.log`);
+            const out = openSync(logPath, 'a');
+            // supergateway runs --stdio through a shell: single quotes keep ${BENCH_AUTH} for mcp-remote to expand.
+            const stdio = `${process.execPath} ${mcpRemoteArgs(bins, direct(i, framing))
+              .map((a) => `'${a}'`)
+              .join(' ')}`;
+            const child = spawnTracked(
+              process.execPath,
+              [bins.supergateway, '--stdio', stdio, '--outputTransport', 'streamableHttp', '--stateful', '--port', String(port), '--logLevel', 'none'],
+              { stdio: ['ignore', out, out], env: npmPeerEnv(work) },
+            );
+            closeSync(out);
+            stops.push(() => stopChild(child));
+            await Promise.race([
+              waitForPort(port, 30_000),
+              new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`supergateway exited before listening:\n${readFileSync(logPath, 'utf8').slice(-2000)}`)))),
+            ]);
+            const client = await httpClient(`http://127.0.0.1:${port}/mcp`);
+            // The session's mcp-remote child exists once the session does.
+            const tree = processTree(child.pid as number);
+            routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+          }
+          break;
+        }
       }
     }
   }
-  return {
-    routes,
-    stop: async () => {
-      for (const r of routes) await r.close().catch(() => undefined);
-      for (const s of stops) await s();
-    },
-  };
 }
 
 interface BatchResult {
@@ -485,11 +492,9 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
   const out = opts.out ? resolve(opts.out) : resolve(REPO_ROOT, 'build/bench-results', `mcp-${machine.date.replace(/[:.]/g, '-')}.json`);
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);
-  const md = renderMcpMarkdown(results);
-  process.stdout.write(`${md}\n`);
   log(`results: ${out}`);
   if (opts.docs) {
-    updateDocs(DOCS_FILE, md, MCP_DOCS_BEGIN, MCP_DOCS_END);
+    updateDocs(DOCS_FILE, renderMcpMarkdown(results), MCP_DOCS_BEGIN, MCP_DOCS_END);
     log(`updated ${DOCS_FILE}`);
   }
   return results;

@@ -15,7 +15,7 @@ import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
 import { runWatcherCost } from './watcher-cost.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
-import { MCP_USAGE, parseMcpArgs, runMcpBench } from './mcp.js';
+import { MCP_USAGE, parseMcpArgs, renderMcpMarkdown, runMcpBench } from './mcp.js';
 import { installNpmPeers, NPM_PEERS_DIR } from './lib/npm-peers.js';
 
 async function main(): Promise<number> {
@@ -31,7 +31,8 @@ async function main(): Promise<number> {
   }
   if (argv.includes('--mcp')) {
     installCleanup();
-    await runMcpBench(parseMcpArgs(argv), (l) => void process.stderr.write(`${l}\n`));
+    const r = await runMcpBench(parseMcpArgs(argv), (l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`${renderMcpMarkdown(r)}\n`);
     return 0;
   }
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));

@@ -94,11 +94,17 @@ async function startNode(opts: PeerStartOptions, dir: string, args: string[], sc
   closeSync(out);
   let exited: string | undefined;
   child.once('exit', (code, signal) => (exited = `exited ${code ?? signal}`));
+  const tail = (): string => {
+    try {
+      return readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n');
+    } catch {
+      return '(no log: the run was torn down)';
+    }
+  };
+  // 60 s: a Node start takes 15 s and more on a 2-core machine at load 20+.
   await Promise.race([
-    waitForPort(port, 15_000),
-    new Promise<never>((_, reject) =>
-      child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n')}`))),
-    ),
+    waitForPort(port, 60_000),
+    new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${tail()}`)))),
   ]);
   const pid = child.pid as number;
   return { child, port, logPath, pids: () => [pid], stop: () => stopChild(child, 'SIGTERM') };
