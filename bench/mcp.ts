@@ -11,7 +11,7 @@
  * tree for the mcp-remote chains) / calls; added latency = the peer's percentile − direct's
  * in the same round. docs/performance.md#real-mcp-calls has the method and the figures.
  */
-import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, copyFileSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import type { ChildProcess } from 'node:child_process';
@@ -19,12 +19,13 @@ import { loadavg } from 'node:os';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT } from './lib/paths.js';
+import { DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT, RESULTS_DIR } from './lib/paths.js';
 import { installedNpmPeers, installNpmPeers, NPM_PEERS, type NpmPeerBins } from './lib/npm-peers.js';
 import { BENCH_TOKEN, newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
 import { childPids, cpuMicros, freePort, spawnTracked, stopChild, sumOver, waitForPort } from './lib/proc.js';
 import { fmtSummary, updateDocs } from './lib/report.js';
-import { percentile, summarize, type Summary } from './lib/stats.js';
+import { median, percentile, summarize, type Summary } from './lib/stats.js';
+import { analyseProfile, renderProfile } from './profile.js';
 import { machineInfo, type MachineInfo } from './lib/tools.js';
 
 export const MCP_PEERS = ['direct', 'node-floor', 'forwarder', 'cli-proxy', 'mcp-remote', 'supergateway'] as const;
@@ -47,6 +48,8 @@ export interface McpBenchOptions {
   /** Install mcp-remote and supergateway from the npm registry when they are not cached. */
   install: boolean;
   docs: boolean;
+  /** Run the forwarder with `--cpu-prof` and print where its CPU goes. */
+  profile: boolean;
   cli: string;
   out: string | undefined;
 }
@@ -57,6 +60,7 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-calls N          (with --mcp) calls per peer, framing, pattern and round (default 3000)
   --mcp-batch N          (with --mcp) calls per interleaved batch (default 500)
   --mcp-peers LIST       (with --mcp) subset of ${MCP_PEERS.join(',')}
+  --mcp-profile          (with --mcp) the forwarder runs with --cpu-prof; prints where its CPU goes
   --install-peers        only install the pinned npm peers (${Object.entries(NPM_PEERS)
     .map(([n, v]) => `${n}@${v}`)
     .join(', ')}) into the cache, then exit`;
@@ -89,6 +93,7 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     peers,
     install: !argv.includes('--no-install'),
     docs: argv.includes('--docs'),
+    profile: argv.includes('--mcp-profile'),
     cli: value('cli') ?? DEFAULT_CLI,
     out: value('out'),
   };
@@ -153,6 +158,7 @@ async function startRoutes(
   cli: string,
   bins: NpmPeerBins | undefined,
   log: (s: string) => void,
+  profDir: string | undefined,
 ): Promise<{ routes: Route[]; stop: () => Promise<void> }> {
   const routes: Route[] = [];
   const stops: (() => Promise<void>)[] = [];
@@ -188,6 +194,7 @@ async function startRoutes(
             endpoints: { sse: '/sse', json: '/json' },
             workDir: work,
             floorReadsToken: true,
+            nodeArgs: name === 'forwarder' && profDir ? ['--cpu-prof', '--cpu-prof-dir', profDir, '--cpu-prof-interval', '200'] : undefined,
           });
           stops.push(() => peer.stop());
           for (const framing of FRAMINGS) {
@@ -383,6 +390,22 @@ export function renderMcpMarkdown(res: McpBenchResults): string {
   return lines.join('\n');
 }
 
+/** The forwarder's `--cpu-prof` profile over the whole run, rendered as bench/profile.ts does for wrk. */
+function profileReport(profDir: string, rounds: McpRound[], opts: McpBenchOptions, log: (s: string) => void): void {
+  const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
+  if (!file) throw new Error('the forwarder wrote no .cpuprofile (did it exit cleanly on SIGTERM?)');
+  const cells = rounds.flatMap((r) => Object.values(r).map((row) => row.forwarder)).filter((c): c is McpCell => c !== undefined);
+  const warmUp = FRAMINGS.length * Math.min(200, opts.calls);
+  const calls = cells.reduce((n, c) => n + c.calls, 0) + warmUp;
+  const cpu = median(cells.map((c) => c.cpuUsPerCall ?? NaN));
+  const profile = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as Parameters<typeof analyseProfile>[0];
+  const summary = analyseProfile(profile, calls, cpu);
+  mkdirSync(RESULTS_DIR, { recursive: true });
+  const kept = resolve(RESULTS_DIR, `forwarder-mcp-${new Date().toISOString().replace(/[:.]/g, '-')}.cpuprofile`);
+  copyFileSync(join(profDir, file), kept);
+  log(`${renderProfile(summary)}\nprofile: ${kept}`);
+}
+
 export const MCP_DOCS_BEGIN = '<!-- bench-mcp:begin (generated by npm run bench -- --mcp --docs; edit outside these markers) -->';
 export const MCP_DOCS_END = '<!-- bench-mcp:end -->';
 
@@ -421,7 +444,9 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
   const rounds: McpRound[] = [];
   try {
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
-    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, bins, log);
+    const profDir = opts.profile ? join(work, 'prof') : undefined;
+    if (profDir) mkdirSync(profDir);
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, bins, log, profDir);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);
@@ -474,6 +499,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     } finally {
       await stop();
     }
+    if (profDir) profileReport(profDir, rounds, opts, log);
   } finally {
     await stopChild(server.child);
     removeWorkDir(work);
