@@ -19,6 +19,7 @@ import { loadavg } from 'node:os';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { optionReader } from './lib/args.js';
 import { DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT, RESULTS_DIR } from './lib/paths.js';
 import { installedNpmPeers, installNpmPeers, NPM_PEERS, type NpmPeerBins } from './lib/npm-peers.js';
 import { BENCH_TOKEN, newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
@@ -66,20 +67,8 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
     .join(', ')}) into the cache, then exit`;
 
 export function parseMcpArgs(argv: string[]): McpBenchOptions {
-  const value = (name: string): string | undefined => {
-    const i = argv.indexOf(`--${name}`);
-    if (i < 0) return undefined;
-    const v = argv[i + 1];
-    if (v === undefined || v.startsWith('--')) throw new Error(`--${name} needs a value`);
-    return v;
-  };
-  const num = (name: string, def: number): number => {
-    const v = value(name);
-    if (v === undefined) return def;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n <= 0) throw new Error(`--${name}: not a positive integer: ${v}`);
-    return n;
-  };
+  const { value, num: n } = optionReader(argv);
+  const num = (name: string, def: number): number => Math.ceil(n(name, def));
   const peers = (value('mcp-peers')?.split(',') ?? [...MCP_PEERS]).map((p) => {
     if (!(MCP_PEERS as readonly string[]).includes(p)) throw new Error(`unknown MCP peer ${p} (known: ${MCP_PEERS.join(', ')})`);
     return p as McpPeerName;
