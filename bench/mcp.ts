@@ -122,9 +122,12 @@ async function startMcpServer(modes: ('stateful' | 'stateless')[]): Promise<McpS
   return { pid: child.pid as number, ports: hello.ports, child };
 }
 
+/** The SDK's 60 s default is too short for a Node program's first answer on a 2-core machine at load 30+. */
+const CONNECT = { timeout: 300_000 };
+
 async function httpClient(url: string, headers: Record<string, string> = {}): Promise<Client> {
   const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
-  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
+  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }), CONNECT);
   return client;
 }
 
@@ -195,7 +198,8 @@ async function startRoutes(
         case 'mcp-remote': {
           if (!bins) break;
           for (const framing of FRAMINGS) {
-            const logFd = openSync(join(work, `mcp-remote-${framing}.log`), 'a');
+            const logPath = join(work, `mcp-remote-${framing}.log`);
+            const logFd = openSync(logPath, 'a');
             const transport = new StdioClientTransport({
               command: process.execPath,
               args: mcpRemoteArgs(bins, direct(i, framing)),
@@ -203,8 +207,10 @@ async function startRoutes(
               stderr: logFd,
             });
             const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
-            await client.connect(transport);
             closeSync(logFd);
+            await client.connect(transport, CONNECT).catch((err: unknown) => {
+              throw new Error(`mcp-remote: ${err instanceof Error ? err.message : String(err)}\n${readFileSync(logPath, 'utf8').slice(-2000)}`);
+            });
             const pid = transport.pid as number;
             const tree = processTree(pid);
             routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
