@@ -433,10 +433,28 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     );
   }
   const sdkPkg = JSON.parse(readFileSync(resolve(REPO_ROOT, 'node_modules/@modelcontextprotocol/sdk/package.json'), 'utf8')) as { version: string };
+  const out = opts.out ? resolve(opts.out) : resolve(REPO_ROOT, 'build/bench-results', `mcp-${machine.date.replace(/[:.]/g, '-')}.json`);
+  const rounds: McpRound[] = [];
+  /** Written after every round too: a run cut short (a busy machine, a deadline) keeps what it measured. */
+  const save = (): McpBenchResults => {
+    const results: McpBenchResults = {
+      machine,
+      loadAvgAtEnd: loadavg().map((x) => Math.round(x * 100) / 100),
+      options: opts,
+      versions: { sdk: sdkPkg.version, ...NPM_PEERS },
+      peers,
+      notes,
+      durationS: (Date.now() - started) / 1000,
+      rounds,
+      rows: summarizeRounds(rounds, peers),
+    };
+    mkdirSync(dirname(out), { recursive: true });
+    writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);
+    return results;
+  };
   const work = newWorkDir();
   // The cli-proxy passes the answer headers a CLI reads (docs/shims.md), not Mcp-Session-Id.
   const server = await startMcpServer(peers.map((p) => (p === 'cli-proxy' ? 'stateless' : 'stateful')));
-  const rounds: McpRound[] = [];
   try {
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
     const profDir = opts.profile ? join(work, 'prof') : undefined;
@@ -490,6 +508,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
             );
           }
         }
+        save();
       }
     } finally {
       await stop();
@@ -499,20 +518,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     await stopChild(server.child);
     removeWorkDir(work);
   }
-  const results: McpBenchResults = {
-    machine,
-    loadAvgAtEnd: loadavg().map((x) => Math.round(x * 100) / 100),
-    options: opts,
-    versions: { sdk: sdkPkg.version, ...NPM_PEERS },
-    peers,
-    notes,
-    durationS: (Date.now() - started) / 1000,
-    rounds,
-    rows: summarizeRounds(rounds, peers),
-  };
-  const out = opts.out ? resolve(opts.out) : resolve(REPO_ROOT, 'build/bench-results', `mcp-${machine.date.replace(/[:.]/g, '-')}.json`);
-  mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);
+  const results = save();
   log(`results: ${out}`);
   if (opts.docs) {
     updateDocs(DOCS_FILE, renderMcpMarkdown(results), MCP_DOCS_BEGIN, MCP_DOCS_END);
