@@ -14,8 +14,8 @@ import { installedNpmPeers, NPM_PEERS_DIR } from '../bench/lib/npm-peers.js';
 import { FRAMINGS, MCP_PEERS, PATTERNS, renderMcpMarkdown, runMcpBench } from '../bench/mcp.js';
 import { CLI } from '../test/support/cli-proc.js';
 
-// Eight processes start (three of them npm-installed Node programs): minutes at load 20+.
-t.setTimeout(480_000);
+// Eight processes start (three of them npm-installed Node programs): minutes at load 40.
+t.setTimeout(900_000);
 
 t.test('bench --mcp: SDK tool calls through every installable peer, SSE and JSON, in a row and 8 at once', async (t) => {
   const npmPeers = installedNpmPeers() !== undefined;

@@ -101,9 +101,9 @@ async function startNode(opts: PeerStartOptions, dir: string, args: string[], sc
       return '(no log: the run was torn down)';
     }
   };
-  // 60 s: a Node start takes 15 s and more on a 2-core machine at load 20+.
+  // A bound, not a wait: a Node start took over 60 s on this 2-core machine at load 40.
   await Promise.race([
-    waitForPort(port, 60_000),
+    waitForPort(port, 180_000),
     new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${tail()}`)))),
   ]);
   const pid = child.pid as number;
