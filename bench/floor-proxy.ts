@@ -2,17 +2,24 @@
  * The Node floor, a bench peer: the least a Node proxy of the forwarder's shape can do.
  * node:http server, undici's dispatch-handler interface to a keep-alive pool (the fastest
  * undici path), the request body buffered, body chunks written straight to the response,
- * one fixed Authorization header. No token file, no header filtering, no access log, no
+ * one Authorization header: fixed, or with `--token-file F` read from F on every request
+ * (the real-MCP scenario: a token that can rotate, the least a secret-holding proxy does).
+ * The MCP session headers pass both ways. No header filtering, no access log, no
  * Host/Origin checks, no limits: what the forwarder costs above this is what its
- * behaviour (SPEC §3) costs. `node build/bench/floor-proxy.js <upstream-port> --listen host:port`.
+ * behaviour (SPEC §3) costs.
+ * `node build/bench/floor-proxy.js <upstream-port> [--token-file F] --listen host:port`.
  */
+import { readFileSync } from 'node:fs';
 import { createServer, type ServerResponse } from 'node:http';
 import { Agent, type Dispatcher } from 'undici';
 
 const upstreamPort = Number(process.argv[2]);
 const listenArg = process.argv[process.argv.indexOf('--listen') + 1] ?? '127.0.0.1:0';
 const [host, port] = listenArg.split(':');
+const tokenFileAt = process.argv.indexOf('--token-file');
+const tokenFile = tokenFileAt > 0 ? process.argv[tokenFileAt + 1] : undefined;
 const origin = `http://127.0.0.1:${upstreamPort}`;
+const authorization = (): string => (tokenFile === undefined ? 'Bearer fixed' : `Bearer ${readFileSync(tokenFile, 'utf8').trim()}`);
 const agent = new Agent({ keepAliveTimeout: 4_000, pipelining: 1, bodyTimeout: 0 });
 
 class Relay implements Dispatcher.DispatchHandler {
@@ -28,7 +35,7 @@ class Relay implements Dispatcher.DispatchHandler {
   }
   onResponseStart(_c: Dispatcher.DispatchController, status: number, headers: Record<string, string | string[] | undefined>): void {
     const out: Record<string, string> = {};
-    for (const name of ['content-type', 'content-length']) {
+    for (const name of ['content-type', 'content-length', 'mcp-session-id']) {
       const v = headers[name];
       if (typeof v === 'string') out[name] = v;
     }
@@ -52,16 +59,12 @@ createServer({ noDelay: true, keepAliveTimeout: 5_000 }, (req, res) => {
   req.on('data', (c: Buffer) => chunks.push(c));
   req.on('end', () => {
     const body = chunks.length === 0 ? null : Buffer.concat(chunks);
-    agent.dispatch(
-      {
-        origin,
-        path: req.url ?? '/',
-        method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
-        headers: { 'content-type': req.headers['content-type'] ?? 'application/json', accept: req.headers.accept ?? '*/*', authorization: 'Bearer fixed' },
-        body,
-      },
-      new Relay(res),
-    );
+    const headers: Record<string, string> = { 'content-type': req.headers['content-type'] ?? 'application/json', accept: req.headers.accept ?? '*/*', authorization: authorization() };
+    for (const name of ['mcp-session-id', 'mcp-protocol-version']) {
+      const v = req.headers[name];
+      if (typeof v === 'string') headers[name] = v;
+    }
+    agent.dispatch({ origin, path: req.url ?? '/', method: (req.method ?? 'GET') as Dispatcher.HttpMethod, headers, body }, new Relay(res));
   });
 }).listen(Number(port), host);
 

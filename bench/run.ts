@@ -16,11 +16,24 @@ import { runRenewBurst } from './renew-burst.js';
 import { runWatcherCost } from './watcher-cost.js';
 import { runScale, runScalePlot } from './scale.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
+import { MCP_USAGE, parseMcpArgs, renderMcpMarkdown, runMcpBench } from './mcp.js';
+import { installNpmPeers, NPM_PEERS_DIR } from './lib/npm-peers.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
   if (argv.includes('--help') || argv.includes('-h')) {
-    process.stdout.write(`${USAGE}\n`);
+    process.stdout.write(`${USAGE}\n${MCP_USAGE}\n`);
+    return 0;
+  }
+  if (argv.includes('--install-peers')) {
+    const bins = await installNpmPeers((l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`npm peers in ${NPM_PEERS_DIR}: ${JSON.stringify(bins)}\n`);
+    return 0;
+  }
+  if (argv.includes('--mcp')) {
+    installCleanup();
+    const r = await runMcpBench(parseMcpArgs(argv), (l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`${renderMcpMarkdown(r)}\n`);
     return 0;
   }
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));

@@ -40,6 +40,7 @@ export function agentBins(dir: string): AgentBins {
 
 const specs = (pkgs: Record<string, string>): string[] => Object.entries(pkgs).map(([name, version]) => `${name}@${version}`);
 
+/** `npm install` of pinned packages into `prefix` (a package.json of its own), with `path` as PATH. */
 export async function npmInstall(prefix: string, pkgs: Record<string, string>, path: string, log: (line: string) => void): Promise<void> {
   mkdirSync(prefix, { recursive: true });
   const manifest = join(prefix, 'package.json');

@@ -75,8 +75,8 @@ function list(v: string): number[] {
   });
 }
 
-export function parseArgs(argv: string[]): BenchOptions {
-  const flags = new Set(argv.filter((a) => a.startsWith('--')));
+/** `--name value` and `--name N` (a positive number, `def` when absent) readers over argv. */
+export function optionReader(argv: string[]): { value: (name: string) => string | undefined; num: (name: string, def: number) => number } {
   const value = (name: string): string | undefined => {
     const i = argv.indexOf(`--${name}`);
     if (i < 0) return undefined;
@@ -84,13 +84,6 @@ export function parseArgs(argv: string[]): BenchOptions {
     if (v === undefined || v.startsWith('--')) throw new Error(`--${name} needs a value`);
     return v;
   };
-  const known = new Set([
-    'quick', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
-    'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
-  ]);
-  for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
-  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--link') ? 'link' : flags.has('--quick') ? 'quick' : 'full';
-  const quick = mode === 'quick';
   const num = (name: string, def: number): number => {
     const v = value(name);
     if (v === undefined) return def;
@@ -98,6 +91,19 @@ export function parseArgs(argv: string[]): BenchOptions {
     if (!Number.isFinite(n) || n <= 0) throw new Error(`--${name}: not a positive number: ${v}`);
     return n;
   };
+  return { value, num };
+}
+
+export function parseArgs(argv: string[]): BenchOptions {
+  const flags = new Set(argv.filter((a) => a.startsWith('--')));
+  const { value, num } = optionReader(argv);
+  const known = new Set([
+    'quick', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
+    'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
+  ]);
+  for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
+  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--link') ? 'link' : flags.has('--quick') ? 'quick' : 'full';
+  const quick = mode === 'quick';
   const peers = (value('peers')?.split(',') ?? [...ALL_PEERS]).map((p) => {
     if (!(ALL_PEERS as readonly string[]).includes(p)) throw new Error(`unknown peer ${p} (known: ${ALL_PEERS.join(', ')})`);
     return p as PeerName;

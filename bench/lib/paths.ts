@@ -11,3 +11,4 @@ export const DOCS_FILE = resolve(REPO_ROOT, 'docs/performance.md');
 export const UPSTREAM_JS = resolve(BENCH_BUILD_DIR, 'upstream.js');
 export const IDLE_CLIENTS_JS = resolve(BENCH_BUILD_DIR, 'idle-clients.js');
 export const FLOOR_PROXY_JS = resolve(BENCH_BUILD_DIR, 'floor-proxy.js');
+export const MCP_SERVER_JS = resolve(BENCH_BUILD_DIR, 'mcp-server.js');

@@ -47,6 +47,8 @@ export interface PeerStartOptions {
   nodeArgs?: string[];
   /** Extra CLI options for the forwarder and cli-proxy peers (`--metrics-listen …`, `--no-audit`). */
   extraArgs?: string[];
+  /** The Node floor reads its token from a file on every request, as a secret-holding proxy must (default: a fixed header). */
+  floorReadsToken?: boolean;
   workDir: string;
 }
 
@@ -92,11 +94,17 @@ async function startNode(opts: PeerStartOptions, dir: string, args: string[], sc
   closeSync(out);
   let exited: string | undefined;
   child.once('exit', (code, signal) => (exited = `exited ${code ?? signal}`));
+  const tail = (): string => {
+    try {
+      return readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n');
+    } catch {
+      return '(no log: the run was torn down)';
+    }
+  };
+  // A bound, not a wait: a Node start took over 60 s on this 2-core machine at load 40.
   await Promise.race([
-    waitForPort(port, 15_000),
-    new Promise<never>((_, reject) =>
-      child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n')}`))),
-    ),
+    waitForPort(port, 180_000),
+    new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${tail()}`)))),
   ]);
   const pid = child.pid as number;
   return { child, port, logPath, pids: () => [pid], stop: () => stopChild(child, 'SIGTERM') };
@@ -115,7 +123,13 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       return makePeer(name, proc, port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'node-floor': {
-      const proc = await startNode(opts, dir, [String(upstreamPort)], FLOOR_PROXY_JS);
+      const args = [String(upstreamPort)];
+      if (opts.floorReadsToken) {
+        const tokenFile = join(dir, 'bench.token');
+        writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
+        args.push('--token-file', tokenFile);
+      }
+      const proc = await startNode(opts, dir, args, FLOOR_PROXY_JS);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':

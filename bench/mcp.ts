@@ -1,0 +1,528 @@
+/**
+ * `npm run bench -- --mcp`: real MCP traffic (issue 23 item 1). The MCP SDK's client,
+ * in this process, drives `tools/call` through each peer to the SDK's Streamable HTTP
+ * server (bench/mcp-server.ts, its own process): initialize once per peer and answer
+ * framing, then calls in a row and 8 at once, answers as SSE and as JSON. Peers: direct,
+ * the Node floor (reading its token file per request), the forwarder, the cli-proxy, and
+ * what a user would pick instead: mcp-remote over stdio with `--header`, and supergateway
+ * (stateful Streamable HTTP) in front of it. One interleaved run: round → pattern →
+ * framing → batches, the peer order rotated per batch, so load drift hits every peer
+ * alike. CPU per call = the peer's processes' utime+stime delta (/proc, the whole process
+ * tree for the mcp-remote chains) / calls; added latency = the peer's percentile − direct's
+ * in the same round. docs/performance.md#real-mcp-calls has the method and the figures.
+ */
+import { closeSync, copyFileSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import type { ChildProcess } from 'node:child_process';
+import { loadavg } from 'node:os';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { optionReader } from './lib/args.js';
+import { DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT, RESULTS_DIR } from './lib/paths.js';
+import { installedNpmPeers, installNpmPeers, NPM_PEERS, type NpmPeerBins } from './lib/npm-peers.js';
+import { BENCH_TOKEN, newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
+import { childPids, cpuMicros, freePort, spawnTracked, stopChild, sumOver, waitForPort } from './lib/proc.js';
+import { fmtSummary, updateDocs } from './lib/report.js';
+import { median, percentile, summarize, type Summary } from './lib/stats.js';
+import { analyseProfile, renderProfile } from './profile.js';
+import { machineInfo, type MachineInfo } from './lib/tools.js';
+
+export const MCP_PEERS = ['direct', 'node-floor', 'forwarder', 'cli-proxy', 'mcp-remote', 'supergateway'] as const;
+export type McpPeerName = (typeof MCP_PEERS)[number];
+export const FRAMINGS = ['sse', 'json'] as const;
+export type Framing = (typeof FRAMINGS)[number];
+export const PATTERNS = { serial: 1, c8: 8 } as const;
+export type Pattern = keyof typeof PATTERNS;
+
+/** The tool's argument and answer: 1 000 characters, the size of the wrk test's JSON body. */
+const TEXT = 'x'.repeat(1_000);
+
+export interface McpBenchOptions {
+  /** Calls per peer, framing, pattern and round. */
+  calls: number;
+  /** Calls per batch: the unit the peer order rotates by. */
+  batch: number;
+  rounds: number;
+  peers: McpPeerName[];
+  /** Install mcp-remote and supergateway from the npm registry when they are not cached. */
+  install: boolean;
+  docs: boolean;
+  /** Run the forwarder with `--cpu-prof` and print where its CPU goes. */
+  profile: boolean;
+  cli: string;
+  out: string | undefined;
+}
+
+export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run: the SDK client's tools/call through
+                         direct, node-floor, forwarder, cli-proxy, mcp-remote, supergateway
+                         (SSE and JSON answers, in a row and 8 at once; docs/performance.md)
+  --mcp-calls N          (with --mcp) calls per peer, framing, pattern and round (default 3000)
+  --mcp-batch N          (with --mcp) calls per interleaved batch (default 500)
+  --mcp-peers LIST       (with --mcp) subset of ${MCP_PEERS.join(',')}
+  --mcp-profile          (with --mcp) the forwarder runs with --cpu-prof; prints where its CPU goes
+  --install-peers        only install the pinned npm peers (${Object.entries(NPM_PEERS)
+    .map(([n, v]) => `${n}@${v}`)
+    .join(', ')}) into the cache, then exit`;
+
+export function parseMcpArgs(argv: string[]): McpBenchOptions {
+  const { value, num: n } = optionReader(argv);
+  const num = (name: string, def: number): number => Math.ceil(n(name, def));
+  const peers = (value('mcp-peers')?.split(',') ?? [...MCP_PEERS]).map((p) => {
+    if (!(MCP_PEERS as readonly string[]).includes(p)) throw new Error(`unknown MCP peer ${p} (known: ${MCP_PEERS.join(', ')})`);
+    return p as McpPeerName;
+  });
+  if (!peers.includes('direct')) peers.unshift('direct');
+  const calls = num('mcp-calls', 3_000);
+  return {
+    calls,
+    batch: Math.min(calls, num('mcp-batch', 500)),
+    rounds: num('reps', 3),
+    peers,
+    install: !argv.includes('--no-install'),
+    docs: argv.includes('--docs'),
+    profile: argv.includes('--mcp-profile'),
+    cli: value('cli') ?? DEFAULT_CLI,
+    out: value('out'),
+  };
+}
+
+/** One peer with one answer framing: an initialized client session and the processes whose CPU is the peer's. */
+interface Route {
+  peer: McpPeerName;
+  framing: Framing;
+  client: Client;
+  pids(): number[];
+  close(): Promise<void>;
+}
+
+/** A process and all its descendants (supergateway → sh → mcp-remote). */
+function processTree(pid: number): number[] {
+  const out = [pid];
+  for (let i = 0; i < out.length; i++) out.push(...childPids(out[i] as number));
+  return out;
+}
+
+interface McpServerProc {
+  pid: number;
+  ports: number[];
+  child: ChildProcess;
+}
+
+async function startMcpServer(modes: ('stateful' | 'stateless')[]): Promise<McpServerProc> {
+  const child = spawnTracked(process.execPath, [MCP_SERVER_JS, modes.join(',')], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+    env: { ...process.env, BENCH_MCP_TOKEN: BENCH_TOKEN },
+  });
+  const hello = await new Promise<{ ports: number[] }>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).once('line', (line) => resolve(JSON.parse(line) as { ports: number[] }));
+    child.once('exit', (code) => reject(new Error(`bench MCP server exited (${code}) before listening`)));
+  });
+  return { pid: child.pid as number, ports: hello.ports, child };
+}
+
+/** The SDK's 60 s default is too short for a Node program's first answer on a 2-core machine at load 30+. */
+const CONNECT = { timeout: 300_000 };
+
+async function httpClient(url: string, headers: Record<string, string> = {}): Promise<Client> {
+  const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
+  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }), CONNECT);
+  return client;
+}
+
+/** The environment of the npm peers: the header's value comes from it, never from argv. */
+function npmPeerEnv(work: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(process.env)) if (v !== undefined) env[k] = v;
+  env.BENCH_AUTH = `Bearer ${BENCH_TOKEN}`;
+  env.MCP_REMOTE_CONFIG_DIR = join(work, 'mcp-auth');
+  return env;
+}
+
+/** mcp-remote's argv: `${BENCH_AUTH}` is expanded by mcp-remote itself from its environment. */
+const mcpRemoteArgs = (bins: NpmPeerBins, url: string): string[] => [bins.mcpRemote, url, '--header', 'Authorization:${BENCH_AUTH}'];
+
+async function startRoutes(
+  peers: McpPeerName[],
+  server: McpServerProc,
+  work: string,
+  cli: string,
+  bins: NpmPeerBins | undefined,
+  log: (s: string) => void,
+  profDir: string | undefined,
+): Promise<{ routes: Route[]; stop: () => Promise<void> }> {
+  const routes: Route[] = [];
+  const stops: (() => Promise<void>)[] = [];
+  const direct = (i: number, f: Framing): string => `http://127.0.0.1:${server.ports[i] as number}/${f}`;
+  const stop = async (): Promise<void> => {
+    for (const r of routes) await r.close().catch(() => undefined);
+    for (const s of stops) await s();
+  };
+  try {
+    await startEach();
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { routes, stop };
+
+  async function startEach(): Promise<void> {
+    for (const [i, name] of peers.entries()) {
+      log(`  starting ${name}`);
+      switch (name) {
+        case 'direct':
+          for (const framing of FRAMINGS) {
+            const client = await httpClient(direct(i, framing), { authorization: `Bearer ${BENCH_TOKEN}` });
+            routes.push({ peer: name, framing, client, pids: () => [], close: () => client.close() });
+          }
+          break;
+        case 'node-floor':
+        case 'forwarder':
+        case 'cli-proxy': {
+          const peer: Peer = await startPeer(name, {
+            cli,
+            upstreamPort: server.ports[i] as number,
+            endpoints: { sse: '/sse', json: '/json' },
+            workDir: work,
+            floorReadsToken: true,
+            nodeArgs: name === 'forwarder' && profDir ? ['--cpu-prof', '--cpu-prof-dir', profDir, '--cpu-prof-interval', '200'] : undefined,
+          });
+          stops.push(() => peer.stop());
+          for (const framing of FRAMINGS) {
+            const client = await httpClient(peer.url(framing));
+            routes.push({ peer: name, framing, client, pids: () => peer.pids(), close: () => client.close() });
+          }
+          break;
+        }
+        case 'mcp-remote': {
+          if (!bins) break;
+          for (const framing of FRAMINGS) {
+            const logPath = join(work, `mcp-remote-${framing}.log`);
+            const logFd = openSync(logPath, 'a');
+            const transport = new StdioClientTransport({
+              command: process.execPath,
+              args: mcpRemoteArgs(bins, direct(i, framing)),
+              env: npmPeerEnv(work),
+              stderr: logFd,
+            });
+            const client = new Client({ name: 'agent-connectors-bench', version: '1.0.0' });
+            closeSync(logFd);
+            await client.connect(transport, CONNECT).catch((err: unknown) => {
+              throw new Error(`mcp-remote: ${err instanceof Error ? err.message : String(err)}\n${readFileSync(logPath, 'utf8').slice(-2000)}`);
+            });
+            const pid = transport.pid as number;
+            const tree = processTree(pid);
+            routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+          }
+          break;
+        }
+        case 'supergateway': {
+          if (!bins) break;
+          for (const framing of FRAMINGS) {
+            const port = await freePort();
+            const logPath = join(work, `supergateway-${framing}.log`);
+            const out = openSync(logPath, 'a');
+            // supergateway runs --stdio through a shell: single quotes keep ${BENCH_AUTH} for mcp-remote to expand.
+            const stdio = `${process.execPath} ${mcpRemoteArgs(bins, direct(i, framing))
+              .map((a) => `'${a}'`)
+              .join(' ')}`;
+            const child = spawnTracked(
+              process.execPath,
+              [bins.supergateway, '--stdio', stdio, '--outputTransport', 'streamableHttp', '--stateful', '--port', String(port), '--logLevel', 'none'],
+              { stdio: ['ignore', out, out], env: npmPeerEnv(work) },
+            );
+            closeSync(out);
+            stops.push(() => stopChild(child));
+            await Promise.race([
+              waitForPort(port, 30_000),
+              new Promise<never>((_, reject) => child.once('exit', () => reject(new Error(`supergateway exited before listening:\n${readFileSync(logPath, 'utf8').slice(-2000)}`)))),
+            ]);
+            const client = await httpClient(`http://127.0.0.1:${port}/mcp`);
+            // The session's mcp-remote child exists once the session does.
+            const tree = processTree(child.pid as number);
+            routes.push({ peer: name, framing, client, pids: () => tree, close: () => client.close() });
+          }
+          break;
+        }
+      }
+    }
+  }
+}
+
+interface BatchResult {
+  latUs: number[];
+  cpuUs: number;
+  serverCpuUs: number;
+}
+
+async function runBatch(route: Route, calls: number, concurrency: number, serverPid: number): Promise<BatchResult> {
+  const pids = route.pids();
+  const cpu0 = sumOver(pids, cpuMicros);
+  const server0 = cpuMicros(serverPid);
+  const latUs: number[] = [];
+  let started = 0;
+  const worker = async (): Promise<void> => {
+    while (started < calls) {
+      started++;
+      const t0 = performance.now();
+      const r = await route.client.callTool({ name: 'echo', arguments: { text: TEXT } });
+      latUs.push((performance.now() - t0) * 1000);
+      const c = (r.content as { type: string; text?: string }[] | undefined)?.[0];
+      if (r.isError || c?.text !== TEXT) throw new Error(`${route.peer}/${route.framing}: wrong answer ${JSON.stringify(r).slice(0, 200)}`);
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, worker));
+  return { latUs, cpuUs: sumOver(pids, cpuMicros) - cpu0, serverCpuUs: cpuMicros(serverPid) - server0 };
+}
+
+/** One round's figures for one peer, framing and pattern. */
+export interface McpCell {
+  calls: number;
+  /** Peer CPU per call, µs; undefined for direct (no proxy). */
+  cpuUsPerCall: number | undefined;
+  serverCpuUsPerCall: number;
+  p50Ms: number;
+  p99Ms: number;
+  addedP50Ms: number | undefined;
+  addedP99Ms: number | undefined;
+}
+
+/** key: `${framing} ${pattern}` → peer → cell. */
+export type McpRound = Record<string, Partial<Record<McpPeerName, McpCell>>>;
+
+export interface McpSummaryRow {
+  framing: Framing;
+  pattern: Pattern;
+  peer: McpPeerName;
+  cpuUsPerCall: Summary;
+  serverCpuUsPerCall: Summary;
+  p50Ms: Summary;
+  p99Ms: Summary;
+  addedP50Ms: Summary;
+  addedP99Ms: Summary;
+  /** CPU per call ÷ the Node floor's, within each round. */
+  cpuVsFloor: Summary;
+}
+
+export interface McpBenchResults {
+  machine: MachineInfo;
+  loadAvgAtEnd: number[];
+  options: McpBenchOptions;
+  versions: Record<string, string>;
+  peers: McpPeerName[];
+  notes: string[];
+  durationS: number;
+  rounds: McpRound[];
+  rows: McpSummaryRow[];
+}
+
+const key = (f: Framing, p: Pattern): string => `${f} ${p}`;
+
+function rotate<T>(xs: readonly T[], k: number): T[] {
+  const s = k % xs.length;
+  return [...xs.slice(s), ...xs.slice(0, s)];
+}
+
+function summarizeRounds(rounds: McpRound[], peers: McpPeerName[]): McpSummaryRow[] {
+  const rows: McpSummaryRow[] = [];
+  for (const pattern of Object.keys(PATTERNS) as Pattern[]) {
+    for (const framing of FRAMINGS) {
+      for (const peer of peers) {
+        const cells = rounds.map((r) => r[key(framing, pattern)]?.[peer]);
+        if (cells.every((c) => c === undefined)) continue;
+        const s = (f: (c: McpCell) => number | undefined): Summary => summarize(cells.map((c) => (c ? f(c) : undefined)));
+        rows.push({
+          framing,
+          pattern,
+          peer,
+          cpuUsPerCall: s((c) => c.cpuUsPerCall),
+          serverCpuUsPerCall: s((c) => c.serverCpuUsPerCall),
+          p50Ms: s((c) => c.p50Ms),
+          p99Ms: s((c) => c.p99Ms),
+          addedP50Ms: s((c) => c.addedP50Ms),
+          addedP99Ms: s((c) => c.addedP99Ms),
+          cpuVsFloor: summarize(
+            rounds.map((r) => {
+              const mine = r[key(framing, pattern)]?.[peer]?.cpuUsPerCall;
+              const floor = r[key(framing, pattern)]?.['node-floor']?.cpuUsPerCall;
+              return mine !== undefined && floor ? mine / floor : undefined;
+            }),
+          ),
+        });
+      }
+    }
+  }
+  return rows;
+}
+
+export function renderMcpMarkdown(res: McpBenchResults): string {
+  const m = res.machine;
+  const o = res.options;
+  const lines = [
+    `Run of ${m.date.slice(0, 16).replace('T', ' ')} UTC (${res.rounds.length} round${res.rounds.length > 1 ? 's' : ''}, ${Math.round(res.durationS)} s): ` +
+      `${m.cpuModel}, ${m.cores} cores, Node ${m.node}, MCP SDK ${res.versions.sdk ?? '?'}, ${Object.entries(NPM_PEERS)
+        .map(([n, v]) => `${n} ${v}`)
+        .join(', ')}; load average at start ${m.loadAvgAtStart.join(' / ')}, at end ${res.loadAvgAtEnd.join(' / ')}; commit ${m.commit ?? '?'}${m.srcDirty ? ' with uncommitted changes in src/' : ''}.`,
+    '',
+    `${o.calls} \`tools/call\` per peer, framing, pattern and round (1 000-character argument and answer), in batches of ${o.batch}, the peer order rotated per batch. ` +
+      'Median (min–max) over rounds; added latency is taken against direct within each round; server CPU is the SDK server process\'s, per call.',
+  ];
+  for (const n of res.notes) lines.push('', `> ${n}`);
+  lines.push(
+    '',
+    '| answers | calls | peer | peer CPU µs/call | × node-floor | server CPU µs/call | p50 ms | p99 ms | added p50 ms | added p99 ms |',
+    '|---|---|---|---|---|---|---|---|---|---|',
+  );
+  for (const r of res.rows) {
+    const d = r.peer === 'direct';
+    lines.push(
+      `| ${r.framing.toUpperCase()} | ${r.pattern === 'serial' ? 'in a row' : '8 at once'} | ${r.peer} | ${d ? '–' : fmtSummary(r.cpuUsPerCall, 0)} | ` +
+        `${d || r.peer === 'node-floor' ? '–' : fmtSummary(r.cpuVsFloor, 2)} | ${fmtSummary(r.serverCpuUsPerCall, 0)} | ${fmtSummary(r.p50Ms, 3)} | ${fmtSummary(r.p99Ms, 3)} | ` +
+        `${d ? '–' : fmtSummary(r.addedP50Ms, 3)} | ${d ? '–' : fmtSummary(r.addedP99Ms, 3)} |`,
+    );
+  }
+  return lines.join('\n');
+}
+
+/** The forwarder's `--cpu-prof` profile over the whole run, rendered as bench/profile.ts does for wrk. */
+function profileReport(profDir: string, rounds: McpRound[], opts: McpBenchOptions, log: (s: string) => void): void {
+  const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
+  if (!file) throw new Error('the forwarder wrote no .cpuprofile (did it exit cleanly on SIGTERM?)');
+  const cells = rounds.flatMap((r) => Object.values(r).map((row) => row.forwarder)).filter((c): c is McpCell => c !== undefined);
+  const warmUp = FRAMINGS.length * Math.min(200, opts.calls);
+  const calls = cells.reduce((n, c) => n + c.calls, 0) + warmUp;
+  const cpu = median(cells.map((c) => c.cpuUsPerCall ?? NaN));
+  const profile = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as Parameters<typeof analyseProfile>[0];
+  const summary = analyseProfile(profile, calls, cpu);
+  mkdirSync(RESULTS_DIR, { recursive: true });
+  const kept = resolve(RESULTS_DIR, `forwarder-mcp-${new Date().toISOString().replace(/[:.]/g, '-')}.cpuprofile`);
+  copyFileSync(join(profDir, file), kept);
+  log(`${renderProfile(summary)}\nprofile: ${kept}`);
+}
+
+export const MCP_DOCS_BEGIN = '<!-- bench-mcp:begin (generated by npm run bench -- --mcp --docs; edit outside these markers) -->';
+export const MCP_DOCS_END = '<!-- bench-mcp:end -->';
+
+export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => void): Promise<McpBenchResults> {
+  const started = Date.now();
+  const machine = machineInfo();
+  const notes: string[] = [];
+  let peers = [...opts.peers];
+  const wantsNpm = peers.includes('mcp-remote') || peers.includes('supergateway');
+  let bins: NpmPeerBins | undefined;
+  if (wantsNpm) {
+    bins = installedNpmPeers();
+    if (!bins && opts.install) {
+      try {
+        bins = await installNpmPeers(log);
+      } catch (err) {
+        log(`npm peers: ${err instanceof Error ? err.message : String(err)}`);
+      }
+    }
+    if (!bins) {
+      peers = peers.filter((p) => p !== 'mcp-remote' && p !== 'supergateway');
+      notes.push('mcp-remote and supergateway are not installed (npm run bench -- --install-peers): skipped.');
+      log(notes[notes.length - 1] as string);
+    }
+  }
+  if (peers.includes('cli-proxy')) {
+    notes.push(
+      'The cli-proxy passes the answer headers a CLI reads (docs/shims.md), not Mcp-Session-Id: its server port runs the SDK stateless ' +
+        '(a fresh server and transport per request), which costs the server more per call (its server CPU column) and shows in its added latency.',
+    );
+  }
+  const sdkPkg = JSON.parse(readFileSync(resolve(REPO_ROOT, 'node_modules/@modelcontextprotocol/sdk/package.json'), 'utf8')) as { version: string };
+  const out = opts.out ? resolve(opts.out) : resolve(REPO_ROOT, 'build/bench-results', `mcp-${machine.date.replace(/[:.]/g, '-')}.json`);
+  const rounds: McpRound[] = [];
+  /** Written after every round too: a run cut short (a busy machine, a deadline) keeps what it measured. */
+  const save = (): McpBenchResults => {
+    const results: McpBenchResults = {
+      machine,
+      loadAvgAtEnd: loadavg().map((x) => Math.round(x * 100) / 100),
+      options: opts,
+      versions: { sdk: sdkPkg.version, ...NPM_PEERS },
+      peers,
+      notes,
+      durationS: (Date.now() - started) / 1000,
+      rounds,
+      rows: summarizeRounds(rounds, peers),
+    };
+    mkdirSync(dirname(out), { recursive: true });
+    writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);
+    return results;
+  };
+  const work = newWorkDir();
+  // The cli-proxy passes the answer headers a CLI reads (docs/shims.md), not Mcp-Session-Id.
+  const server = await startMcpServer(peers.map((p) => (p === 'cli-proxy' ? 'stateless' : 'stateful')));
+  try {
+    log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
+    const profDir = opts.profile ? join(work, 'prof') : undefined;
+    if (profDir) mkdirSync(profDir);
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, bins, log, profDir);
+    try {
+      // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
+      for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);
+      for (let round = 0; round < opts.rounds; round++) {
+        const result: McpRound = {};
+        rounds.push(result);
+        for (const [pattern, concurrency] of Object.entries(PATTERNS) as [Pattern, number][]) {
+          for (const framing of FRAMINGS) {
+            const rs = routes.filter((r) => r.framing === framing);
+            const acc = new Map<McpPeerName, BatchResult>(rs.map((r) => [r.peer, { latUs: [], cpuUs: 0, serverCpuUs: 0 }]));
+            const batches = Math.ceil(opts.calls / opts.batch);
+            for (let b = 0; b < batches; b++) {
+              const n = Math.min(opts.batch, opts.calls - b * opts.batch);
+              for (const r of rotate(rs, round + b)) {
+                const got = await runBatch(r, n, concurrency, server.pid);
+                const a = acc.get(r.peer) as BatchResult;
+                a.latUs.push(...got.latUs);
+                a.cpuUs += got.cpuUs;
+                a.serverCpuUs += got.serverCpuUs;
+              }
+            }
+            const row: Partial<Record<McpPeerName, McpCell>> = (result[key(framing, pattern)] = {});
+            for (const [peer, a] of acc) {
+              const sorted = a.latUs.sort((x, y) => x - y);
+              row[peer] = {
+                calls: sorted.length,
+                cpuUsPerCall: peer === 'direct' ? undefined : a.cpuUs / sorted.length,
+                serverCpuUsPerCall: a.serverCpuUs / sorted.length,
+                p50Ms: percentile(sorted, 50) / 1000,
+                p99Ms: percentile(sorted, 99) / 1000,
+                addedP50Ms: undefined,
+                addedP99Ms: undefined,
+              };
+            }
+            const d = row.direct;
+            for (const c of Object.values(row)) {
+              if (!d || c === d) continue;
+              c.addedP50Ms = c.p50Ms - d.p50Ms;
+              c.addedP99Ms = c.p99Ms - d.p99Ms;
+            }
+            log(
+              `  round ${round + 1} ${framing} ${pattern}: ` +
+                Object.entries(row)
+                  .map(([p, c]) => `${p} ${c.cpuUsPerCall === undefined ? '-' : c.cpuUsPerCall.toFixed(0)} µs, p50 ${c.p50Ms.toFixed(3)} ms`)
+                  .join('; '),
+            );
+          }
+        }
+        save();
+      }
+    } finally {
+      await stop();
+    }
+    if (profDir) profileReport(profDir, rounds, opts, log);
+  } finally {
+    await stopChild(server.child);
+    removeWorkDir(work);
+  }
+  const results = save();
+  log(`results: ${out}`);
+  if (opts.docs) {
+    updateDocs(DOCS_FILE, renderMcpMarkdown(results), MCP_DOCS_BEGIN, MCP_DOCS_END);
+    log(`updated ${DOCS_FILE}`);
+  }
+  return results;
+}
