@@ -13,13 +13,18 @@ import t from 'tap';
 import { installedNpmPeers, NPM_PEERS_DIR } from '../bench/lib/npm-peers.js';
 import { FRAMINGS, MCP_PEERS, PATTERNS, renderMcpMarkdown, runMcpBench } from '../bench/mcp.js';
 import { CLI } from '../test/support/cli-proc.js';
+import { unlessMissing } from '../test/tools/prerequisite.js';
 
 // Eight processes start (three of them npm-installed Node programs): minutes at load 40.
 t.setTimeout(900_000);
 
 t.test('bench --mcp: SDK tool calls through every installable peer, SSE and JSON, in a row and 8 at once', async (t) => {
   const npmPeers = installedNpmPeers() !== undefined;
-  if (!npmPeers) t.comment(`mcp-remote and supergateway are not in ${NPM_PEERS_DIR} (npm run bench -- --install-peers): not run`);
+  if (!npmPeers) {
+    const why = `mcp-remote and supergateway are not in ${NPM_PEERS_DIR} (npm run bench -- --install-peers)`;
+    t.comment(`${why}: not run`);
+    unlessMissing(t, why);
+  }
   const expected = MCP_PEERS.filter((p) => npmPeers || (p !== 'mcp-remote' && p !== 'supergateway'));
   const dir = mkdtempSync(join(tmpdir(), 'ac-bench-mcp-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
