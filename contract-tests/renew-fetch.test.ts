@@ -17,6 +17,10 @@ import {
   type RenewRig,
 } from './helpers/renew-harness.js';
 
+// About 30 CLI processes start one after another (the SIGKILL walk alone is 94 s at load 45):
+// a file-wide stop sized for a busy machine, not a timing check.
+t.setTimeout(600_000);
+
 /*
  * renew fetch, black-box against the built CLI and a MockRenewGateway (SPEC §4):
  * idempotent retries (one requestId per renewal, persisted before sending), crash safety
