@@ -37,6 +37,9 @@ export const USAGE = `usage: npm run bench -- [options]
                          (6 minutes on a busy 2-core VM; docs/host-link.md)
   --renew-burst          only renew fetch's rate for 2 000 new slots at --renew-concurrency
                          1 and 8, twice each (docs/host-link.md)
+  --renew-scale          only renewal at scale, end to end: 10 000 new bindings' tokens, 25
+                         disconnects during the burst, a host revocation during one
+                         (--bindings N, --probes N, --renew-concurrency N; docs/host-link.md)
   --watcher              only the file watcher's cost: chokidar against fs.watch on a
                          directory of 10 000 token files, 3 runs each (docs/performance.md)
   --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen
