@@ -129,13 +129,13 @@ async function startHost(cli: string, upstreamUrl: string, renewConcurrency: num
   writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
   const gw = await MockHostGateway.start({ staticHosts: { [HOST_ID]: credential }, tokenLifetimeMs: 6 * 3600_000 });
   const stops: Array<() => Promise<void>> = [];
-  const start = (name: string, args: string[]): { pid: number; log: string } => {
+  const start = (name: string, args: string[], level = 'warn'): { pid: number; log: string } => {
     const log = join(dir, `${name}.log`);
     const out = openSync(log, 'a');
     const env = { ...process.env };
     delete env.NOTIFY_SOCKET;
     delete env.WATCHDOG_USEC;
-    const child = spawnTracked(process.execPath, [cli, ...args, '--log-level', 'warn'], { stdio: ['ignore', out, out], env, cwd: dir });
+    const child = spawnTracked(process.execPath, [cli, ...args, '--log-level', level], { stdio: ['ignore', out, out], env, cwd: dir });
     closeSync(out);
     stops.push(() => stopChild(child, 'SIGTERM'));
     return { pid: child.pid as number, log };
@@ -149,7 +149,7 @@ async function startHost(cli: string, upstreamUrl: string, renewConcurrency: num
     const fwdPort = await freePort();
     start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
     await waitForPort(fwdPort, 30_000);
-    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims'), '--log-level', 'info']);
+    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], 'info');
     await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 30_000);
     // prettier-ignore
     const link = start('link', [
