@@ -63,7 +63,7 @@ interface ProcFigures {
 }
 
 /** VmHWM: the peak RSS of the process so far. */
-function peakRssBytes(pid: number): number {
+export function peakRssBytes(pid: number): number {
   const m = /^VmHWM:\s+(\d+)\s+kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   return Number(m?.[1] ?? NaN) * 1024;
 }
@@ -86,7 +86,7 @@ async function idleFigures(pid: number, ms: number): Promise<ProcFigures> {
 }
 
 /** Polls until `probe` is true; resolves with the ms since `t0`. */
-async function until(probe: () => boolean | Promise<boolean>, t0: number, what: string, timeoutMs = 60_000, everyMs = 1): Promise<number> {
+export async function until(probe: () => boolean | Promise<boolean>, t0: number, what: string, timeoutMs = 60_000, everyMs = 1): Promise<number> {
   for (;;) {
     if (await probe()) return performance.now() - t0;
     if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
@@ -95,7 +95,7 @@ async function until(probe: () => boolean | Promise<boolean>, t0: number, what: 
 }
 
 /** A loopback upstream answering every request 200 with a JSON-RPC result. */
-async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }> {
+export async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }> {
   const server = createServer((req, res) => {
     req.resume();
     req.once('end', () => {
@@ -128,7 +128,7 @@ function startPart(cli: string, dir: string, name: string, args: string[]): Part
   return { pid: child.pid as number, log, stop: () => stopChild(child, 'SIGTERM') };
 }
 
-async function status(url: string): Promise<number> {
+export async function status(url: string): Promise<number> {
   const r = await request(url, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
@@ -138,7 +138,7 @@ async function status(url: string): Promise<number> {
   return r.statusCode;
 }
 
-function appliedVersion(file: string): number {
+export function appliedVersion(file: string): number {
   try {
     const v = (JSON.parse(readFileSync(file, 'utf8')) as { version?: unknown; appliedAt?: unknown }) ?? {};
     return typeof v.version === 'number' && v.appliedAt ? v.version : -1;

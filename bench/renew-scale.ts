@@ -18,17 +18,16 @@
  *
  * Not a test: it asserts nothing about time, it prints figures.
  */
-import { once } from 'node:events';
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { request } from 'undici';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { DEFAULT_CLI } from './lib/paths.js';
 import { cpuMicros, freePort, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
 import { percentile } from './lib/stats.js';
+import { appliedVersion, okUpstream, peakRssBytes, status, until } from './link.js';
+
+const peakRssMiB = (pid: number): number => Math.round(peakRssBytes(pid) / MiB);
 
 const HOST_ID = 'bench-host';
 const MiB = 1024 * 1024;
@@ -59,50 +58,10 @@ function spread(values: number[]): Spread {
   return { n: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.at(-1) ?? NaN) };
 }
 
-function peakRssMiB(pid: number): number {
-  const m = /^VmHWM:\s+(\d+)\s+kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return Math.round((Number(m?.[1] ?? NaN) * 1024) / MiB);
-}
 
-async function until(probe: () => boolean | Promise<boolean>, t0: number, what: string, timeoutMs = 60_000, everyMs = 2): Promise<number> {
-  for (;;) {
-    if (await probe()) return performance.now() - t0;
-    if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(everyMs);
-  }
-}
 
-async function okUpstream(): Promise<{ url: string; close: () => Promise<void> }> {
-  const server = createServer((req, res) => {
-    req.resume();
-    req.once('end', () => {
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end('{"jsonrpc":"2.0","id":1,"result":{}}');
-    });
-  });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise<void>((r) => server.close(() => r())) };
-}
 
-async function status(url: string): Promise<number> {
-  const r = await request(url, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
-  });
-  await r.body.dump();
-  return r.statusCode;
-}
 
-function appliedVersion(file: string): number {
-  try {
-    const v = JSON.parse(readFileSync(file, 'utf8')) as { version?: unknown; appliedAt?: unknown };
-    return typeof v.version === 'number' && v.appliedAt ? v.version : -1;
-  } catch {
-    return -1;
-  }
-}
 
 interface Host {
   gw: MockHostGateway;
