@@ -13,6 +13,7 @@ import { runLink } from './link.js';
 import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
+import { runRenewScaleCli } from './renew-scale.js';
 import { runWatcherCost } from './watcher-cost.js';
 import { runScale, runScalePlot } from './scale.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
@@ -42,6 +43,10 @@ async function main(): Promise<number> {
     return runScale((l) => void process.stderr.write(`${l}\n`), argv);
   }
   if (argv.includes('--scale-plot')) return runScalePlot(argv.slice(argv.indexOf('--scale-plot') + 1));
+  if (argv.includes('--renew-scale')) {
+    installCleanup();
+    return runRenewScaleCli(argv, (l) => void process.stderr.write(`${l}\n`));
+  }
   if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--limits')) {

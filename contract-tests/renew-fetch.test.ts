@@ -355,6 +355,62 @@ t.test('new slots renew concurrently, never more than --renew-concurrency at onc
   t.same(rig.gw.requestsFor(slots[29] ?? '').map((r) => r.outcome), ['dropped', 200], 'the lost answer was asked again');
 });
 
+t.test('a burst of new slots: 32 renewals in flight by default, never more', async (t) => {
+  const rig = await makeRig(t);
+  const slots = Array.from({ length: 100 }, (_v, i) => `instance:default-${String(i).padStart(3, '0')}`);
+  for (const slot of slots) rig.addSlot(slot);
+  // Nothing is answered until 32 renewals are open at once: a smaller default never gets there.
+  rig.gw.holdUntilInflight(32);
+  const { exit } = await rig.fetchOnce([], {}, 90_000);
+  t.equal(exit.code, 0, 'fetch --once settles every slot');
+  t.equal(rig.gw.maxInflight, 32, 'the default bound reached, never passed');
+  t.equal(rig.gw.minted(), slots.length, 'one token per slot');
+});
+
+t.test('Retry-After pauses every slot: no renewal reaches the Gateway before it has passed', async (t) => {
+  const rig = await makeRig(t);
+  const BOUND = 8;
+  const slots = Array.from({ length: 40 }, (_v, i) => `instance:paused-${String(i).padStart(2, '0')}`);
+  for (const slot of slots) rig.addSlot(slot);
+  // The first BOUND renewals are held until all are open, then all answered 429 with
+  // Retry-After: 2. fetch has no other request out, so whatever arrives next was sent
+  // after it read a 429, which it may not do before Retry-After has passed.
+  rig.gw.inject({ kind: 'status429', retryAfterS: 2 }, { times: BOUND });
+  rig.gw.holdUntilInflight(BOUND);
+  const { exit } = await rig.fetchOnce(['--renew-concurrency', String(BOUND), '--backoff-cap-ms', '100'], {}, 60_000);
+  t.equal(exit.code, 0, 'fetch --once settles every slot');
+  const limited = rig.gw.requests.slice(0, BOUND);
+  t.ok(limited.every((r) => r.outcome === 429), `the first ${BOUND} answered 429`);
+  // A lower bound, not a timing guess: each 429 reached fetch after its request reached the Gateway.
+  const earliest = Math.min(...limited.map((r) => r.at)) + 2_000;
+  const early = rig.gw.requests.slice(BOUND).filter((r) => r.at < earliest);
+  t.same(early.map((r) => r.slot), [], 'no renewal of any slot arrived before Retry-After had passed');
+  t.equal(rig.gw.minted(), slots.length, 'one token per slot');
+});
+
+t.test('a 429 storm slows renewal down and it completes: one token and one requestId per slot', async (t) => {
+  const rig = await makeRig(t);
+  const BOUND = 8;
+  const slots = Array.from({ length: 40 }, (_v, i) => `instance:storm-${String(i).padStart(2, '0')}`);
+  for (const slot of slots) rig.addSlot(slot);
+  // Every renewal is refused (429, Retry-After: 1) for 3 s from the first.
+  rig.gw.rateLimitWindow(3_000, 1);
+  rig.gw.holdUntilInflight(BOUND);
+  const { exit } = await rig.fetchOnce(['--renew-concurrency', String(BOUND), '--backoff-cap-ms', '2000'], {}, 90_000);
+  t.equal(exit.code, 0, 'fetch --once settles every slot');
+  t.ok(rig.gw.maxInflight <= BOUND, `never more than ${BOUND} in flight (${rig.gw.maxInflight})`);
+  for (const slot of slots) {
+    const reqs = rig.gw.requestsFor(slot);
+    if (rig.gw.minted(slot) !== 1 || new Set(requestIds(reqs)).size !== 1) t.fail(`${slot}: one token, one requestId (${rig.gw.minted(slot)} minted, ${reqs.length} requests)`);
+  }
+  const refused = rig.gw.requests.filter((r) => r.outcome === 429).length;
+  t.comment(`${refused} renewals answered 429 during the storm`);
+  // Slowed down, not hammering: one wave per Retry-After (at most 4 in the 3 s), each at
+  // most the bound, halved after each wave (8 + 4 + 2 + 1). Asking for every other slot
+  // while one waits out its Retry-After meets a 429 for nearly every one of the 40.
+  t.ok(refused <= 2 * BOUND, `at most ${2 * BOUND} renewals answered 429 (${refused}): the host paused and slowed down`);
+});
+
 t.test('401: a rejected credential halts renewals without a storm; a new credential resumes them', async (t) => {
   const rig = await makeRig(t);
   const slots = ['instance:halt-a', 'instance:halt-b', 'cli:halt-c'];

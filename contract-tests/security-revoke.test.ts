@@ -193,3 +193,23 @@ t.test('unenroll (the link stopped first, as systemd does): everything goes at o
   tt.notOk(existsSync(world.credential), 'the credential is gone');
   await enrolAgain(tt, 'unenroll');
 });
+
+t.test('the Gateway revokes the host while hundreds of new bindings renew: the revocation wins, no token is left', async (tt) => {
+  await serving('before the burst');
+  const N = 300;
+  const burst = Object.fromEntries(
+    Array.from({ length: N }, (_v, i) => [`bind_burst_${String(i).padStart(4, '0')}`, { instanceId: `inst-burst-${i}`, upstreamUrl: saas.url(`/mcp/burst/${i}`) }]),
+  );
+  const burstTokens = (): number => readdirSync(join(world.applyState, 'mcp-forwarder')).filter((n) => n.startsWith('inst-burst-') && n.endsWith('.token')).length;
+  world.gw.control.connectBindings(burst);
+  // Revoked as soon as the first new tokens land: renewals and hand-offs are in flight.
+  await until(() => burstTokens() >= 10, 'the burst under way', 60_000);
+  tt.comment(`revoked with ${burstTokens()} of ${N} new tokens written`);
+  const hostId = parseEnvFile(join(world.root, 'etc', 'link.env')).AGENT_CONNECTORS_HOST_ID as string;
+  const linkMark = link.lines.length;
+  await checkRevoked(tt, '401 during a renewal burst', async () => {
+    world.gw.control.revokeHost(hostId);
+  });
+  await link.waitForLog((l) => /rejected by the Gateway \(401\)/.test(l.msg ?? ''), 5_000, linkMark);
+  tt.equal(burstTokens(), 0, 'no token file of the burst is left');
+});

@@ -42,6 +42,9 @@ export const USAGE = `usage: npm run bench -- [options]
                          then each part's idle RSS and CPU once every token is held;
                          --sizes=10,100 for fewer, --tokens-wait=S (default 240)
   --scale-plot A.json [B.json]  the growth plot (SVG, stdout) from --scale results
+  --renew-scale          only renewal at scale, end to end: 10 000 new bindings' tokens, 25
+                         disconnects during the burst, a host revocation during one
+                         (--bindings N, --probes N, --renew-concurrency N; docs/host-link.md)
   --watcher              only the file watcher's cost: chokidar against fs.watch on a
                          directory of 10 000 token files, 3 runs each (docs/performance.md)
   --metrics              only the metrics cost: forwarder CPU per request with --metrics-listen

@@ -83,8 +83,32 @@ async function moveAside(deps: ApplyDeps, name: string, ino: number, stamp: stri
   await rename(from, join(paths.rejected, `${name}.${stamp}.${ino}.rejected`));
 }
 
+/**
+ * Serialises work on the same paths: two slots whose registry entries name the same token
+ * file (an operator's own tokenFile) must not write it at once, or the older token could
+ * land last.
+ */
+class PathLocks {
+  readonly #tails = new Map<string, Promise<void>>();
+
+  async with<T>(paths: readonly string[], fn: () => Promise<T>): Promise<T> {
+    const keys = [...new Set(paths)];
+    const before = keys.map((k) => this.#tails.get(k) ?? Promise.resolve());
+    let release: () => void = () => undefined;
+    const mine = new Promise<void>((r) => (release = r));
+    for (const k of keys) this.#tails.set(k, mine);
+    try {
+      await Promise.all(before);
+      return await fn();
+    } finally {
+      release();
+      for (const k of keys) if (this.#tails.get(k) === mine) this.#tails.delete(k);
+    }
+  }
+}
+
 /** One inbox file: validate → compare → token file(s) → slot file → remove. */
-async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promise<void> {
+async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks: PathLocks): Promise<void> {
   const { paths, log } = deps;
   const now = deps.now ?? Date.now;
   const path = join(paths.inbox, name);
@@ -146,22 +170,24 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
     return;
   }
   const files = await deps.tokenFilesFor(slot);
-  for (const file of files) {
-    await mkdir(dirname(file), { recursive: true, mode: 0o700 });
-    await sweepOnce(dirname(file));
-    await atomicWrite(file, `${msg.token}\n`, {
-      mode: 0o600,
-      owner: await ownerFor(dirname(file)),
-      midWrite: () => crashPoint('apply-mid-token-write'),
+  await locks.with(files, async () => {
+    for (const file of files) {
+      await mkdir(dirname(file), { recursive: true, mode: 0o700 });
+      await sweepOnce(dirname(file));
+      await atomicWrite(file, `${msg.token}\n`, {
+        mode: 0o600,
+        owner: await ownerFor(dirname(file)),
+        midWrite: () => crashPoint('apply-mid-token-write'),
+      });
+    }
+    crashPoint('apply-after-token-write');
+    await writeSlotFile(paths, {
+      slot,
+      tokenId: msg.tokenId,
+      expiresAt: msg.expiresAt,
+      generation: msg.credentialGeneration,
+      appliedAt: new Date(now()).toISOString(),
     });
-  }
-  crashPoint('apply-after-token-write');
-  await writeSlotFile(paths, {
-    slot,
-    tokenId: msg.tokenId,
-    expiresAt: msg.expiresAt,
-    generation: msg.credentialGeneration,
-    appliedAt: new Date(now()).toISOString(),
   });
   await removeIfSame(path, ino);
   stats.applied += 1;
@@ -175,11 +201,18 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats): Promi
  * files are written only by apply, under the hand-off lock: a temp a dead apply leaves
  * later (a one-shot run killed beside this one) waits for this process's next start.
  */
-const sweptDirs = new Set<string>();
+const sweptDirs = new Map<string, Promise<unknown>>();
 async function sweepOnce(dir: string): Promise<void> {
-  if (sweptDirs.has(dir)) return;
-  await sweepStaleTemps(dir);
-  sweptDirs.add(dir);
+  // The promise is kept, so files applied at once share one sweep.
+  let sweep = sweptDirs.get(dir);
+  if (!sweep) {
+    sweep = sweepStaleTemps(dir).catch((err: unknown) => {
+      sweptDirs.delete(dir);
+      throw err;
+    });
+    sweptDirs.set(dir, sweep);
+  }
+  await sweep;
 }
 
 function stampOf(ms: number): string {
@@ -187,9 +220,17 @@ function stampOf(ms: number): string {
 }
 
 /**
- * Applies every inbox file, oldest name first, under the hand-off lock so a `.path`
- * trigger and a manual run never interleave. Each file is independent: one bad file is
- * moved aside and the rest still apply.
+ * Inbox files applied at once. Each is one slot's answer, written to that slot's own token
+ * and slot files, so they do not touch each other; one at a time, apply wrote 20–40 tokens
+ * a second (two fsynced atomic writes each, in series) and set the pace of a 10 000-binding
+ * host's first renewals. Their directory fsyncs are shared (fsyncDir's group commit).
+ */
+export const INBOX_FILES_IN_FLIGHT = 32;
+
+/**
+ * Applies every inbox file, oldest name first, up to INBOX_FILES_IN_FLIGHT at once, under
+ * the hand-off lock so a `.path` trigger and a manual run never interleave. Each file is
+ * independent: one bad file is moved aside and the rest still apply.
  */
 export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
@@ -204,6 +245,7 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
     signal: deps.signal,
     onWait: (owner: number) => deps.log.info({ owner: owner || null }, 'waiting for another apply to finish'),
   };
+  const locks = new PathLocks();
   await withFileLock(join(deps.paths.root, 'apply'), async () => {
     // Re-list until a round finds nothing new: a file renamed in while we worked would
     // otherwise wait for the next trigger (a systemd .path unit does not fire for a
@@ -212,18 +254,24 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
     rounds: for (let round = 0; round < 10; round++) {
       const names = (await readdir(deps.paths.inbox)).filter((n) => !n.startsWith('.') && !failed.has(n)).sort();
       if (names.length === 0) break;
+      const running = new Set<Promise<void>>();
       for (const name of names) {
+        // Asked before each start: a new desired state waits for at most the files in flight.
         if (deps.interrupt?.()) {
           stats.interrupted = true;
+          await Promise.all(running);
           break rounds;
         }
-        try {
-          await applyOne(deps, name, stats);
-        } catch (err) {
-          failed.add(name);
-          deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
-        }
+        if (running.size >= INBOX_FILES_IN_FLIGHT) await Promise.race(running);
+        const one = applyOne(deps, name, stats, locks)
+          .catch((err: unknown) => {
+            failed.add(name);
+            deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
+          })
+          .finally(() => running.delete(one));
+        running.add(one);
       }
+      await Promise.all(running);
     }
   }, lock);
   return stats;

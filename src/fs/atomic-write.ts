@@ -123,14 +123,48 @@ export async function ownerFor(dir: string): Promise<{ uid: number; gid: number 
   return st.uid === 0 ? undefined : { uid: st.uid, gid: st.gid };
 }
 
-/** Makes a rename in `dir` durable. */
-export async function fsyncDir(dir: string): Promise<void> {
+async function syncDirOnce(dir: string): Promise<void> {
   const dh = await open(dir, constants.O_RDONLY | constants.O_DIRECTORY);
   try {
     await dh.sync();
   } finally {
     await dh.close();
   }
+}
+
+/** Per directory: the fsync running now, and the one queued behind it (shared by every caller that arrived meanwhile). */
+const dirSyncs = new Map<string, { running: Promise<void>; next: Promise<void> | undefined }>();
+
+/**
+ * Makes a rename in `dir` durable. Group commit: an fsync of a directory covers every
+ * rename done in it before the fsync started, so callers arriving while one runs share
+ * the single next one instead of each paying their own (renewal writes hundreds of files
+ * a second into one directory; one fsync each capped it at the disk's fsync rate). A
+ * caller never returns before an fsync that started after its call.
+ */
+export function fsyncDir(dir: string): Promise<void> {
+  const entry = dirSyncs.get(dir);
+  if (!entry) {
+    const running = syncDirOnce(dir).finally(() => {
+      const e = dirSyncs.get(dir);
+      if (e?.running === running && e.next === undefined) dirSyncs.delete(dir);
+    });
+    dirSyncs.set(dir, { running, next: undefined });
+    return running;
+  }
+  if (entry.next) return entry.next;
+  const next = entry.running
+    .catch(() => undefined)
+    .then(() => {
+      const mine = syncDirOnce(dir).finally(() => {
+        const e = dirSyncs.get(dir);
+        if (e?.running === mine && e.next === undefined) dirSyncs.delete(dir);
+      });
+      dirSyncs.set(dir, { running: mine, next: undefined });
+      return mine;
+    });
+  entry.next = next;
+  return next;
 }
 
 /** `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. */

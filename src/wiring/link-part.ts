@@ -29,7 +29,7 @@ export function addLinkFlags(cmd: Command): Command {
     .option('--once', 'renewals only: settle every due slot, then exit (for a timer); exit 1 if any did not settle')
     .option('--once-budget-ms <n>', 'with --once, how long retries may take', String(defaultRenewalConfig.onceBudgetMs))
     .option('--backoff-cap-ms <n>', 'longest wait between renewal retries', String(defaultRenewalConfig.backoff.capMs))
-    .option('--renew-concurrency <n>', 'renewal requests in flight at once, each for a different slot', String(defaultRenewalConfig.concurrency))
+    .option('--renew-concurrency <n>', 'most renewal requests in flight at once, each for a different slot (lowered while the Gateway sheds load)', String(defaultRenewalConfig.concurrency))
     .option('--link-backoff-base-ms <n>', 'first state-poll retry wait (full jitter, doubling)', String(defaultStatePollerConfig.backoff.baseMs))
     .option('--link-backoff-cap-ms <n>', 'longest wait between state-poll retries', String(defaultStatePollerConfig.backoff.capMs))
     .option('--poll-timeout-ms <n>', 'client timeout of one state long poll (the Gateway holds it ≤ 60 s)', String(defaultStatePollerConfig.pollTimeoutMs))

@@ -23,6 +23,9 @@ import { LoopbackServer } from './loopback-server.js';
  *   status5xx {status}       that status (default 503), state untouched
  *   status401 / status404    that answer, state untouched
  *
+ * `rateLimitWindow(ms, retryAfterS)`: a Gateway shedding load for a while; every renewal
+ * without a queued fault is answered 429 for `ms` from the first one that meets it.
+ *
  * To simulate another host having renewed the slot (a genuine CAS conflict), use
  * `advanceElsewhere(slot)`.
  *
@@ -92,6 +95,7 @@ export class MockRenewGateway {
   inflight = 0;
   maxInflight = 0;
   private gate: { n: number; held: (() => void)[] } | undefined;
+  private storm: { ms: number; retryAfterS: number; until: number | undefined } | undefined;
 
   constructor(options: MockRenewGatewayOptions = {}) {
     this.authority = new RenewAuthority({
@@ -179,7 +183,21 @@ export class MockRenewGateway {
     this.gate = { n, held: [] };
   }
 
+  /** See the class comment: 429 to every renewal for `ms` from the first it meets. */
+  rateLimitWindow(ms: number, retryAfterS: number): void {
+    this.storm = { ms, retryAfterS, until: undefined };
+  }
+
   private takeFault(slot: string): RenewFault | undefined {
+    const storm = this.storm;
+    if (storm && this.faults.every((f) => f.slot !== undefined && f.slot !== slot)) {
+      storm.until ??= Date.now() + storm.ms;
+      if (Date.now() < storm.until) {
+        this.faultsFired.status429 = (this.faultsFired.status429 ?? 0) + 1;
+        return { kind: 'status429', retryAfterS: storm.retryAfterS };
+      }
+      this.storm = undefined;
+    }
     const i = this.faults.findIndex((f) => f.slot === undefined || f.slot === slot);
     if (i === -1) return undefined;
     const [q] = this.faults.splice(i, 1);

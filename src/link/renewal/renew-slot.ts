@@ -26,7 +26,8 @@ export type RenewOutcome =
   | { kind: 'conflict'; currentTokenId: string | null }
   | { kind: 'credential_invalid' }
   | { kind: 'revoked' }
-  | { kind: 'retry'; reason: string; retryAfterMs?: number };
+  /** `status`: the Gateway's answer (429, 5xx), absent for a network failure or an unusable answer. */
+  | { kind: 'retry'; reason: string; status?: number; retryAfterMs?: number };
 
 /** Renewal answers are small and quick; a hung Gateway must not wedge a slot forever. */
 export const RENEW_TIMEOUT_MS = 30_000;
@@ -71,7 +72,14 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
   });
   if (answer.kind === 'halted') return { kind: 'credential_invalid' };
   if (answer.kind !== 'retry' || answer.cause === 'status') crashPoint('fetch-after-receive');
-  if (answer.kind === 'retry') return { kind: 'retry', reason: answer.reason, ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }) };
+  if (answer.kind === 'retry') {
+    return {
+      kind: 'retry',
+      reason: answer.reason,
+      ...(answer.status !== undefined && { status: answer.status }),
+      ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }),
+    };
+  }
   const { status, body: text } = answer;
 
   if (status === 200) {
@@ -87,10 +95,14 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       midWrite: () => crashPoint('fetch-mid-inbox-write'),
     });
     crashPoint('fetch-after-inbox');
-    await deps.state.write({
-      slot: slot.slot,
-      delivered: { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: body.credentialGeneration, receivedAt: new Date(now()).toISOString() },
-    });
+    // Not fsynced (renewal-state.ts): the inbox file, fsynced above, is what must survive.
+    await deps.state.write(
+      {
+        slot: slot.slot,
+        delivered: { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: body.credentialGeneration, receivedAt: new Date(now()).toISOString() },
+      },
+      { durable: false },
+    );
     return { kind: 'renewed', tokenId: body.tokenId, expiresAt: body.expiresAt };
   }
   if (status === 409) {

@@ -11,7 +11,7 @@ import type { Service } from '../../service/service.js';
 import { RenewalState } from './renewal-state.js';
 import { renewSlot, type RenewDeps, type RenewOutcome } from './renew-slot.js';
 import type { HostCredential } from '../host-credential.js';
-import { handoffPaths, slotFileName, type SlotFile } from '../../data/handoff.js';
+import { handoffPaths, slotFileName, slotOfFileName, type SlotFile } from '../../data/handoff.js';
 import {
   afterCredentialChange,
   decide,
@@ -21,7 +21,7 @@ import {
   type SlotPolicyState,
 } from './policy.js';
 import { defaultBackoff, type BackoffOptions } from './schedule.js';
-import { eachBounded } from './bounded-each.js';
+import { RenewPool } from './renew-pool.js';
 
 export interface RenewalConfig {
   handoffDir: string;
@@ -33,9 +33,8 @@ export interface RenewalConfig {
   /** Longest sleep between scans even when nothing is due (catches missed file events). */
   maxSleepMs: number;
   /**
-   * Renewal requests in flight at once, each for a different slot. One at a time, 10 000
-   * new bindings took minutes to all hold tokens (one round trip plus two fsynced writes
-   * each); a small bound keeps the Gateway from being stormed by one host.
+   * The most renewal requests in flight at once, each for a different slot: the bound that
+   * keeps one host from storming the Gateway (it adapts below it, renew-pool.ts).
    */
   concurrency: number;
   /** Iterations, failures, durations and each slot's token expiry (`--metrics-listen`). */
@@ -43,12 +42,13 @@ export interface RenewalConfig {
 }
 
 /**
- * One at a time by default: apply takes its inbox one file at a time and reconciles a new
- * desired state only between passes, so a fetch faster than apply lengthens the pass a
- * disconnect waits behind (busy-suite: ten disconnects behind 10 000 hand-offs were not
- * applied in 400 s). Raise it once apply interleaves state changes with its inbox.
+ * The most renewals in flight (renew-pool.ts lowers it while the Gateway sheds load). One at
+ * a time, 10 000 new bindings waited minutes for their tokens; it stayed 1 while apply took
+ * its inbox one file at a time and a faster link only lengthened the pass a disconnect
+ * waited behind. apply now takes 32 inbox files at once and stops between two for a new
+ * desired state (docs/host-link.md, "Renewal at scale").
  */
-export const DEFAULT_RENEW_CONCURRENCY = 1;
+export const DEFAULT_RENEW_CONCURRENCY = 32;
 
 export const defaultRenewalConfig = { once: false, onceBudgetMs: 120_000, backoff: defaultBackoff, maxSleepMs: 60_000, concurrency: DEFAULT_RENEW_CONCURRENCY };
 
@@ -123,13 +123,31 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
       });
 
-      /** Renews the slot if due; the time of its next attempt, or 'halt'. */
-      const attempt = async (slot: SlotFile, token: string, now: number): Promise<number | 'halt'> => {
+      const pool = new RenewPool({ max: config.concurrency });
+      /** Renewals in flight, by slot: one whose slot is retired meanwhile is cut (renewSlot's signal). */
+      const inFlight = new Map<string, AbortController>();
+
+      /** Renews a due slot (its place in the pool taken); the time of its next attempt, or 'halt'. */
+      const attempt = async (slot: SlotFile, token: string): Promise<number | 'halt'> => {
         const current = slotStates.get(slot.slot) ?? freshSlot;
-        const due = dueAt(slot, await state.read(slot.slot), current);
-        if (due > now) return due;
+        const cut = new AbortController();
+        inFlight.set(slot.slot, cut);
         const started = performance.now();
-        const outcome = await renewSlot(renewDeps, slot, token);
+        let outcome: RenewOutcome | undefined;
+        try {
+          outcome = await renewSlot({ ...renewDeps, signal: AbortSignal.any([signal, cut.signal]) }, slot, token);
+        } finally {
+          inFlight.delete(slot.slot);
+          const latencyMs = performance.now() - started;
+          const retry = outcome?.kind === 'retry' ? outcome : undefined;
+          pool.release({
+            // A network failure or a 429/5xx is the Gateway (or the path to it) struggling; an
+            // invalid answer or a request cut here is not.
+            overloaded: retry !== undefined && !cut.signal.aborted && (retry.status === undefined ? retry.reason.startsWith('network') : retry.status === 429 || retry.status >= 500),
+            retryAfterMs: retry?.retryAfterMs,
+            latencyMs,
+          });
+        }
         config.metrics?.iteration(outcome.kind, (performance.now() - started) / 1000);
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
         const decision = decide(current, outcome, Date.now(), { backoff: config.backoff });
@@ -171,21 +189,47 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           if (slot.revoked) config.metrics?.forget(slot.slot);
           else if (slot.expiresAt) config.metrics?.expiry(slot.slot, slot.expiresAt);
         }
-        // Bounded concurrency across slots; one slot is attempted at most once per step, so
-        // its requestId, backoff and order of attempts are exactly as when run one by one.
+        // Bounded, adaptive concurrency across slots (renew-pool.ts); one slot is attempted at
+        // most once per step, so its requestId, backoff and order of attempts are exactly as
+        // when run one by one.
         let halted: string | undefined; // the slot whose renewal met the 401
-        await eachBounded(slots, config.concurrency, async (slot) => {
-          if (signal.aborted || halted !== undefined) return 'stop';
-          if (slot.revoked) return undefined;
-          const at = await attempt(slot, read.credential, now);
-          if (at === 'halt') {
-            halted ??= slot.slot;
-            return 'stop';
+        let failure: { err: unknown } | undefined;
+        const running = new Set<Promise<void>>();
+        for (const slot of slots) {
+          if (signal.aborted || halted !== undefined || failure) break;
+          if (slot.revoked) continue;
+          const current = slotStates.get(slot.slot) ?? freshSlot;
+          // Not due: no place taken (a scan of 10 000 settled slots starts nothing).
+          const due = dueAt(slot, await state.read(slot.slot), current);
+          if (due > Date.now()) {
+            if (!current.settled) unsettled += 1;
+            next = Math.min(next, due);
+            continue;
           }
-          if (!(slotStates.get(slot.slot) ?? freshSlot).settled) unsettled += 1;
-          next = Math.min(next, at);
-          return undefined;
-        });
+          if (!(await pool.acquire(signal))) break;
+          if (halted !== undefined || failure || !existsSync(join(paths.slots, slotFileName(slot.slot)))) {
+            // Halted, failed or retired while this slot waited for its place.
+            pool.release({ overloaded: false, latencyMs: 0 });
+            if (halted !== undefined || failure) break;
+            continue;
+          }
+          const run = attempt(slot, read.credential)
+            .then((at) => {
+              if (at === 'halt') {
+                halted ??= slot.slot;
+                return;
+              }
+              if (!(slotStates.get(slot.slot) ?? freshSlot).settled) unsettled += 1;
+              next = Math.min(next, at);
+            })
+            .catch((err: unknown) => {
+              failure ??= { err };
+            })
+            .finally(() => running.delete(run));
+          running.add(run);
+        }
+        await Promise.all(running);
+        if (failure) throw failure.err;
         if (halted !== undefined) {
           // The credential logged the halt once for the whole link.
           unsettled += 1;
@@ -236,6 +280,11 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           paths.slots,
           (name) => {
             slotCache.changed(name);
+            // A slot retired (its binding disconnected, the host revoked) while its renewal is
+            // in flight: the answer would only be dropped by apply, so the request is cut now.
+            const slot = name === undefined ? undefined : slotOfFileName(name);
+            const cut = slot === undefined ? undefined : inFlight.get(slot);
+            if (cut && slot !== undefined && !existsSync(join(paths.slots, slotFileName(slot)))) cut.abort();
             wakeLoop?.();
           },
           (err) => log.warn({ err: { message: err.message } }, 'watching slots/ failed; falling back to periodic scans'),
@@ -261,6 +310,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           unwatch();
         }
       } finally {
+        pool.close();
         offResume();
       }
     },

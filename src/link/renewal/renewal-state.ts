@@ -1,7 +1,7 @@
 import { mkdir, readdir, readFile, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { atomicWrite } from '../../fs/atomic-write.js';
+import { atomicWrite, atomicWriteSync } from '../../fs/atomic-write.js';
 import { parseJsonWith } from '../../data/parse.js';
 import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../../data/renew-wire.js';
 
@@ -68,8 +68,16 @@ export class RenewalState {
     return names.flatMap((n) => (n.endsWith('.json') && !n.startsWith('.') && slotIdSchema.safeParse(n.slice(0, -5)).success ? [n.slice(0, -5)] : []));
   }
 
-  async write(state: RenewalSlotState): Promise<void> {
-    await atomicWrite(this.path(state.slot), `${JSON.stringify(state)}\n`, { mode: 0o600 });
+  /**
+   * `durable: false` skips the fsyncs (still whole or absent across a crash of the process):
+   * for a record whose loss after a power cut is harmless. The delivered record is one: lost,
+   * the pending requestId is still on disk, its retry is answered with the token already
+   * minted, and apply ignores a token it already applied.
+   */
+  async write(state: RenewalSlotState, options: { durable?: boolean } = {}): Promise<void> {
+    const text = `${JSON.stringify(state)}\n`;
+    if (options.durable === false) atomicWriteSync(this.path(state.slot), text, { mode: 0o600 });
+    else await atomicWrite(this.path(state.slot), text, { mode: 0o600 });
     this.cache.set(state.slot, state);
   }
 }
