@@ -9,7 +9,7 @@ import { fakeS3 } from './fake-s3.js';
  * defaults (`RCLONE_S3_*`, rclone's flag-as-environment names) pass the rules and serve
  * the on-the-fly remote `:s3:`, so the agent runs `rclone lsd :s3:`.
  */
-const REGION = 'eu-west-1';
+const REGION = 'eu-central-1';
 const BUCKET = 'ac-gate-rclone';
 const REAL = { accessKeyId: 'AKIAREALGATERCLONE01', secretAccessKey: 'RealGateSecret/rclone+00000000000000000000' };
 const PLACEHOLDER = 'AKIAPLACEHOLDER00000';
