@@ -69,6 +69,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     rotation,
     audit: spool,
     tlsAgent: tls?.agent,
+    resolve: tlsConfig?.resolve,
   });
   let spool: AuditSpool | undefined;
   let tls: TlsRuntime | undefined;
