@@ -6,6 +6,7 @@ import { gitHttps } from './git.js';
 import { hcloudCase } from './hcloud.js';
 import { httpie } from './httpie.js';
 import { rcloneCase } from './rclone.js';
+import { s3cmdCase } from './s3cmd.js';
 
 /**
  * Every case of the CLI gate (release/cli-gate.ts), in the order the table lists them. One
@@ -17,6 +18,7 @@ export const CLI_CASES: readonly CliCase[] = [
   gitHttps,
   httpie,
   awsCase,
+  s3cmdCase,
   rcloneCase,
   hcloudCase,
 ];
