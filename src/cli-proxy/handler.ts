@@ -19,15 +19,18 @@ import type { AuditEvent } from '../data/audit-event.js';
 import { parseAwsCredentials, signAws } from './aws-sigv4.js';
 import { basicCredential, injectToken, strippedHeaders, withoutQueryParam } from './inject.js';
 import { rewriteLinkHeader, rewriteLocation, routeCli, upstreamUrl } from './route.js';
-import { resolveKey, type ResolveMap } from './tls-upstream.js';
 
 export interface CliProxyDeps extends PipelineDeps {
   catalog: HotFile<Catalog>;
   agent: Agent;
   /** TLS mode's upstream dispatcher: the system's CAs (+ `--upstream-ca`), `--resolve`. */
   tlsAgent?: Agent | undefined;
-  /** `--resolve` (a test aid): a base-url upstream whose host it names goes through `tlsAgent` too. */
-  resolve?: ResolveMap | undefined;
+  /**
+   * Base-url providers' https upstreams, when the test aids are on (`--resolve`,
+   * `--upstream-ca`): TLS mode's dispatcher, so a lab serves a base-url CLI's fake under
+   * its real https name too. Undefined (no test aid): the guarded `agent`, as always.
+   */
+  labAgent?: Agent | undefined;
   bodyLimit: number;
   /** Shared by every request: one watch per token file in rotation. */
   rotation: TokenRotationWait;
@@ -254,9 +257,8 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
       }
       await signAws(credentials, method, url, headers, buffered);
     } else injectToken(provider.inject, token, headers, url);
-    // A lab serves a base-url provider's fake under the real host name as it does a tls one's.
-    const resolved = deps.resolve?.has(resolveKey(url.hostname, Number(url.port || 443))) === true;
-    return new UpstreamCall(routed.proxyBase === undefined || resolved ? (deps.tlsAgent ?? deps.agent) : deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
+    const dispatcher = routed.proxyBase === undefined ? (deps.tlsAgent ?? deps.agent) : url.protocol === 'https:' && deps.labAgent ? deps.labAgent : deps.agent;
+    return new UpstreamCall(dispatcher, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
   };
   const headOf = async (call: UpstreamCall): Promise<UpstreamHead> => {
     try {
