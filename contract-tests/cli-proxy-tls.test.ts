@@ -22,8 +22,6 @@ const TOKEN = `tok-tls-REAL-${process.pid}-9c2e41`;
 const PLACEHOLDER = 'ghp_agentconnectors000000000000000000000';
 const CATALOG_HOST = 'api.github.com';
 const OTHER_HOST = 'example.org';
-/** A base-url provider's upstream host: `--resolve` sends its calls to a fake too. */
-const BASE_URL_HOST = 'api.base-url.example';
 
 const missing = ['curl', 'openssl'].filter((tool) => spawnSync(tool, ['--version']).error !== undefined);
 await whenRootWithTools(t, missing, 'curl, openssl', main);
@@ -77,7 +75,6 @@ async function main(): Promise<void> {
 
   const saas = await fakeSaas(pki, CATALOG_HOST, agent.uid, (h) => (h.authorization === `token ${TOKEN}` ? [200, { login: 'octocat' }] : [401, { message: 'Bad credentials' }]));
   const other = await fakeSaas(pki, OTHER_HOST, agent.uid, () => [200, { site: 'other' }]);
-  const based = await fakeSaas(pki, BASE_URL_HOST, agent.uid, (h) => (h.authorization === `Bearer ${TOKEN}` ? [200, { via: 'base-url' }] : [401, { message: 'Bad credentials' }]));
 
   const tokenFile = join(state, 'cli-proxy', 'gh.token');
   writeToken(tokenFile, TOKEN);
@@ -90,7 +87,6 @@ async function main(): Promise<void> {
       placeholder: PLACEHOLDER,
       commands: [{ name: 'ghcurl', env: { GH_TOKEN: '{placeholder}' } }],
     },
-    based: { upstream: `https://${BASE_URL_HOST}/v1`, tokenFile, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' }, commands: [] },
   };
   const proxy = await startProxy(t, 'cli-proxy', {
     stateDir: state,
@@ -100,11 +96,10 @@ async function main(): Promise<void> {
       '--ca-bundle', bundle,
       '--resolve', `${CATALOG_HOST}:443:127.0.0.1:${saas.port}`,
       '--resolve', `${OTHER_HOST}:443:127.0.0.1:${other.port}`,
-      '--resolve', `${BASE_URL_HOST}:443:127.0.0.1:${based.port}`,
       '--upstream-ca', testCa,
     ],
   });
-  await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 2);
+  await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1);
   const install = startCli(['shims', 'install', '--dir', shimDir, '--proxy-url', proxy.base, '--state-dir', state, '--ca-bundle', bundle]);
   const code = (await install.exited).code;
   if (code !== 0) throw new Error(`shims install exited ${code}: ${install.lines.join('\n')}`);
@@ -184,15 +179,6 @@ async function main(): Promise<void> {
     t.not(r.code, 0, 'curl fails');
     t.match(r.stderr, /403/, 'the proxy answered 403');
     t.equal(saas.requests.length, before, 'nothing reached the SaaS');
-  });
-
-  t.test('a base-url provider whose upstream host --resolve names reaches the fake there (a lab serves base-url CLIs so)', async (t) => {
-    const before = based.requests.length;
-    const r = await runAsAgent(agent, 'curl -sS --fail-with-body "$1"', { env, args: [`${proxy.base}/p/based/items`] });
-    t.equal(r.code, 0, `curl exit 0 (${r.stdout}${r.stderr})`);
-    t.same(JSON.parse(r.stdout), { via: 'base-url' });
-    t.equal(based.requests[before]?.url, '/v1/items', 'the upstream\'s base path kept');
-    t.equal(based.requests[before]?.headers.host, BASE_URL_HOST, 'Host is the real host name');
   });
 
   t.test('no token in any line the proxy printed', async (t) => {
