@@ -137,7 +137,7 @@ async function main(): Promise<void> {
     const procs = (seen?.snapshot ?? []).map((p) => `${p.cmdline}\n${p.environ}`).join('\n');
     t.match(procs, `GH_TOKEN=${PLACEHOLDER}`, 'curl ran with the provider\'s placeholder');
     t.match(procs, `HTTPS_PROXY=${proxy.base}`, 'and the cli-proxy as its HTTPS proxy');
-    for (const v of ['SSL_CERT_FILE', 'CURL_CA_BUNDLE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE']) t.match(procs, `${v}=${bundle}`, `${v} = the bundle`);
+    for (const v of ['SSL_CERT_FILE', 'CURL_CA_BUNDLE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'GIT_SSL_CAINFO']) t.match(procs, `${v}=${bundle}`, `${v} = the bundle`);
     t.same(leakedSecrets(procs), [], 'no agent-UID process held the token in argv or env');
     for (const name of readdirSync(shimDir)) t.same(leakedSecrets(readFileSync(join(shimDir, name), 'utf8')), [], `${name} holds no token`);
     const line = await proxy.waitForLog((l) => l.provider === 'gh' && l.status === 200);

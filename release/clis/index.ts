@@ -1,8 +1,12 @@
+import { awsCase } from './aws.js';
 import type { CliCase } from './cli-case.js';
 import { curl } from './curl.js';
 import { gh } from './gh.js';
 import { gitHttps } from './git.js';
+import { hcloudCase } from './hcloud.js';
 import { httpie } from './httpie.js';
+import { rcloneCase } from './rclone.js';
+import { s3cmdCase } from './s3cmd.js';
 
 /**
  * Every case of the CLI gate (release/cli-gate.ts), in the order the table lists them. One
@@ -13,4 +17,8 @@ export const CLI_CASES: readonly CliCase[] = [
   gh,
   gitHttps,
   httpie,
+  awsCase,
+  s3cmdCase,
+  rcloneCase,
+  hcloudCase,
 ];

@@ -44,6 +44,8 @@ const QUERY_SIGNATURE_PARAMS = new Set(['x-amz-algorithm', 'x-amz-credential', '
  */
 const SIGNED_CHUNK_PAYLOADS = /^STREAMING-(AWS4-HMAC-SHA256|AWS4-ECDSA-P256-SHA256)-(PAYLOAD|EVENTS)/;
 
+const UNSIGNED_HEADERS = new Set(['content-length']);
+
 export interface AwsScope {
   region: string;
   service: string;
@@ -139,7 +141,10 @@ export async function signAws(credentials: AwsCredentials, method: string, url: 
   });
   const signed = await signer.sign(
     { method, protocol: url.protocol, hostname: url.hostname, path: url.pathname, query: signableQuery(url), headers: flat, body },
-    signingDate ? { signingDate } : {},
+    // Content-Length is not signed: the upstream client computes its own and leaves out a
+    // `Content-Length: 0` on a GET (s3cmd sends one), and a signed header that does not
+    // arrive fails the signature. AWS needs only host and the x-amz-* headers signed.
+    { unsignableHeaders: UNSIGNED_HEADERS, ...(signingDate ? { signingDate } : {}) },
   );
   for (const [k, v] of Object.entries(signed.headers)) {
     if (k === 'host') continue;

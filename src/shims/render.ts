@@ -19,8 +19,14 @@ export interface RenderedShim {
   script: string;
 }
 
-/** The CA bundle variables the common runtimes read (OpenSSL, Node, Python requests, curl, git, the AWS SDKs). */
-export const CA_BUNDLE_VARIABLES = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE'] as const;
+/**
+ * The CA bundle variables the common runtimes read (OpenSSL and Go, Node, Python requests
+ * and botocore, curl, git). Not `AWS_CA_BUNDLE`: the AWS CLI's botocore reads
+ * `REQUESTS_CA_BUNDLE`, Go's SDKs the system roots (`SSL_CERT_FILE`), and aws-sdk-go v1
+ * fails outright with it set when its caller brings its own HTTP transport (rclone:
+ * "LoadCustomCABundleError: … HTTPClient's transport unsupported type").
+ */
+export const CA_BUNDLE_VARIABLES = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'] as const;
 
 /**
  * What a `tls` provider's shim adds (SPEC §10): the cli-proxy as the HTTPS proxy and the

@@ -81,6 +81,19 @@ t.test('S3 GET with the CLI\'s UNSIGNED-PAYLOAD: re-signed with the real key, th
   t.type(check(url, 'GET', { ...headers, 'x-amz-content-sha256': 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855' }), 'string', 'the payload hash is signed');
 });
 
+t.test('a GET with Content-Length: 0 (s3cmd): verifies as sent upstream, where a bodiless GET carries no Content-Length', async (t) => {
+  const { url, headers } = await signed('GET', 'https://s3.eu-north-1.amazonaws.com/', {
+    authorization: PLACEHOLDER_AUTH,
+    'x-amz-date': '20250101T000000Z',
+    'x-amz-content-sha256': 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
+    'content-length': '0',
+  });
+  const { 'content-length': _dropped, ...onTheWire } = headers;
+  const v = check(url, 'GET', onTheWire);
+  t.match(v, { region: 'eu-north-1', service: 's3' }, `verifies without it (${typeof v === 'string' ? v : 'ok'})`);
+  t.match(check(url, 'GET', headers), { service: 's3' }, 'and with it');
+});
+
 t.test('S3 PUT with an aws-chunked unsigned-trailer body: the CLI\'s hash and encoding headers are signed, nothing buffered', async (t) => {
   const { url, headers } = await signed('PUT', 'https://bucket.s3.eu-west-1.amazonaws.com/dir/a%20file.txt', {
     'x-amz-content-sha256': 'STREAMING-UNSIGNED-PAYLOAD-TRAILER',

@@ -106,9 +106,11 @@ t.test('a tls provider\'s shim: HTTPS_PROXY and every CA bundle variable, its ow
   const script = shim?.script ?? '';
   t.match(script, `  GH_TOKEN='ghp_agentconnectors000000000000000000000' \\\n`);
   for (const v of ['HTTPS_PROXY', 'https_proxy']) t.match(script, `  ${v}='http://127.0.0.1:14324' \\\n`);
-  for (const v of ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO', 'AWS_CA_BUNDLE']) {
+  for (const v of ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO']) {
     t.match(script, `  ${v}='/opt/ca/ca-bundle.pem' \\\n`, v);
   }
+  // aws-sdk-go v1 refuses to start with it when the CLI brings its own transport (rclone).
+  t.notMatch(script, 'AWS_CA_BUNDLE', 'no AWS_CA_BUNDLE: botocore reads REQUESTS_CA_BUNDLE');
   t.throws(() => renderShims(catalog({ SSL_CERT_FILE: '/tmp/evil.pem' }), '/opt/shims', 'http://127.0.0.1:14324', B), /catalog rules/, 'a catalog cannot name the bundle itself');
   const [plain] = renderShims(catalog({ T: '{placeholder}' }), '/opt/shims', 'http://127.0.0.1:14324', B);
   t.notMatch(plain?.script ?? '', 'HTTPS_PROXY', 'a base-url provider\'s shim sets no proxy');
