@@ -15,6 +15,7 @@ import { runAuditCost } from './audit-cost.js';
 import { runRenewBurst } from './renew-burst.js';
 import { runWatcherCost } from './watcher-cost.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
+import { runTlsCost, tlsCostMarkdown } from './tls-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -25,6 +26,12 @@ async function main(): Promise<number> {
   if (argv.includes('--renew-burst')) return runRenewBurst((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
+  if (argv.includes('--tls')) {
+    installCleanup();
+    const r = await runTlsCost((l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`${JSON.stringify(r, null, 2)}\n\n${tlsCostMarkdown(r)}\n`);
+    return 0;
+  }
   if (argv.includes('--limits')) {
     installCleanup();
     const r = await runUnitLimits((l) => void process.stderr.write(`${l}\n`));
