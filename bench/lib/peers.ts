@@ -100,7 +100,8 @@ export async function startNode(
   let exited: string | undefined;
   child.once('exit', (code, signal) => (exited = `exited ${code ?? signal}`));
   await Promise.race([
-    waitForPort(port, 15_000),
+    // A deadline, not a figure: a start took over 15 s at load 24.
+    waitForPort(port, 60_000),
     new Promise<never>((_, reject) =>
       child.once('exit', () => reject(new Error(`${args[0]} ${exited ?? 'exited'} before listening:\n${readFileSync(logPath, 'utf8').split('\n').slice(-12).join('\n')}`))),
     ),
