@@ -9,9 +9,11 @@
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
+import { createSecureContext } from 'node:tls';
 import { join } from 'node:path';
 import { Client, ProxyAgent, request, type Dispatcher } from 'undici';
 import { createCa, issueLeaf, loadCa } from '../src/cli-proxy/certificates.js';
+import { systemCaText } from '../src/cli-proxy/cli-ca.js';
 import { LeafCache } from '../src/cli-proxy/leaf-cache.js';
 import { CA_CERT_FILE } from '../src/data/state-layout.js';
 import { DEFAULT_CLI } from './lib/paths.js';
@@ -74,6 +76,12 @@ export interface MintFigure {
   /** A cached host: µs CPU per lookup. */
   cacheHitCpuUs: number;
   mints: number;
+  /**
+   * The upstream trust list (the system's CAs) parsed into a TLS context, CPU ms: what
+   * every new upstream connection paid while the list was given to the connector as `ca`.
+   */
+  trustContextCpuMs: number;
+  trustCertificates: number;
 }
 
 export interface TlsCostResult {
@@ -113,7 +121,15 @@ export async function measureMinting(mints: number): Promise<MintFigure> {
   c0 = cpuNow();
   for (let i = 0; i < hits; i++) await cache.context(`c${i % mints}.${BENCH_DOMAIN}`);
   const cacheHitCpuUs = (cpuNow() - c0) / hits;
-  return { caCpuMs, leafCpuMs: median(leaf), cacheMissCpuMs: median(miss), cacheHitCpuUs, mints };
+  const trust = await systemCaText();
+  const contexts: number[] = [];
+  for (let i = 0; i < 10; i++) {
+    c0 = cpuNow();
+    createSecureContext({ ca: trust });
+    contexts.push((cpuNow() - c0) / 1000);
+  }
+  const trustCertificates = trust.split('-----BEGIN CERTIFICATE-----').length - 1;
+  return { caCpuMs, leafCpuMs: median(leaf), cacheMissCpuMs: median(miss), cacheHitCpuUs, mints, trustContextCpuMs: median(contexts), trustCertificates };
 }
 
 interface CallResult {
@@ -196,7 +212,7 @@ export async function runTlsCost(log: (line: string) => void, o: TlsCostOptions 
   const loadavgStart = loadavg();
   log(`tls cost: load average ${loadavgStart.map((x) => x.toFixed(2)).join(' ')}`);
   const mint = await measureMinting(o.mints);
-  log(`  minting: CA ${mint.caCpuMs.toFixed(1)} ms CPU once; leaf ${mint.leafCpuMs.toFixed(2)} ms; new host through the cache (leaf + TLS context) ${mint.cacheMissCpuMs.toFixed(2)} ms; cached host ${mint.cacheHitCpuUs.toFixed(2)} µs`);
+  log(`  minting: CA ${mint.caCpuMs.toFixed(1)} ms CPU once; leaf ${mint.leafCpuMs.toFixed(2)} ms; new host through the cache (leaf + TLS context) ${mint.cacheMissCpuMs.toFixed(2)} ms; cached host ${mint.cacheHitCpuUs.toFixed(2)} µs; trust list context ${mint.trustContextCpuMs.toFixed(2)} ms`);
 
   const work = newWorkDir();
   const pki = join(work, 'pki');
@@ -301,6 +317,6 @@ export function tlsCostMarkdown(r: TlsCostResult): string {
         `| ${c.case} | ${c.calls} | ${c.case.startsWith('direct') ? '— (no proxy)' : `${f(c.cpuMsPerCall)} (${f(c.cpuMsMin)}–${f(c.cpuMsMax)})`} | ${f(c.p50Ms)} | ${f(c.p99Ms)} | ${f(c.addedP50Ms)} | ${f(c.addedP99Ms)} | ${f(c.upstreamHandshakesPerCall)} |`,
     ),
     '',
-    `Minting alone (in process, median of ${r.mint.mints}): the CA ${f(r.mint.caCpuMs, 1)} ms CPU (once); a leaf ${f(r.mint.leafCpuMs)} ms; a new host through the leaf cache (leaf + TLS server context) ${f(r.mint.cacheMissCpuMs)} ms; a cached host ${f(r.mint.cacheHitCpuUs)} µs.`,
+    `Minting alone (in process, median of ${r.mint.mints}): the CA ${f(r.mint.caCpuMs, 1)} ms CPU (once); a leaf ${f(r.mint.leafCpuMs)} ms; a new host through the leaf cache (leaf + TLS server context) ${f(r.mint.cacheMissCpuMs)} ms; a cached host ${f(r.mint.cacheHitCpuUs)} µs. The system's ${r.mint.trustCertificates} CA certificates parsed into a TLS context: ${f(r.mint.trustContextCpuMs)} ms (once per process now; before, once per new upstream connection).`,
   ].join('\n');
 }
