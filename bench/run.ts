@@ -19,6 +19,7 @@ import { runScale, runScalePlot } from './scale.js';
 import { limitsMarkdown, runUnitLimits } from './unit-limits.js';
 import { MCP_USAGE, parseMcpArgs, renderMcpMarkdown, runMcpBench } from './mcp.js';
 import { installNpmPeers, NPM_PEERS_DIR } from './lib/npm-peers.js';
+import { runTlsCost, tlsCostMarkdown } from './tls-cost.js';
 
 async function main(): Promise<number> {
   const argv = process.argv.slice(2);
@@ -49,6 +50,12 @@ async function main(): Promise<number> {
   }
   if (argv.includes('--watcher')) return runWatcherCost((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
   if (argv.includes('--peer')) return runPeerCheck((l) => void process.stderr.write(`${l}\n`)).then((f) => (process.stdout.write(`${JSON.stringify(f, null, 2)}\n`), 0));
+  if (argv.includes('--tls')) {
+    installCleanup();
+    const r = await runTlsCost((l) => void process.stderr.write(`${l}\n`));
+    process.stdout.write(`${JSON.stringify(r, null, 2)}\n\n${tlsCostMarkdown(r)}\n`);
+    return 0;
+  }
   if (argv.includes('--limits')) {
     installCleanup();
     const r = await runUnitLimits((l) => void process.stderr.write(`${l}\n`));

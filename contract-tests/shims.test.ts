@@ -531,7 +531,7 @@ async function main(agent: AgentUser, base: string): Promise<void> {
     // mode's trust lives. Shell comments, so the output stays runnable.
     t.ok(oc.lines.slice(1).every((l) => l.startsWith('# ')), 'every further line is a comment');
     t.match(oc.lines.join('\n'), /agents\.defaults\.sandbox\.mode/, 'openclaw: says its sandbox\'s container cannot reach the host\'s cli-proxy');
-    t.match(oc.lines.at(-1), /^# TLS mode: CLI CA in \/\S+\/cli-ca .*CA bundle \/\S+\/ca-bundle\.pem$/, 'then where the CLI CA and the bundle are');
+    t.match(oc.lines.at(-1), /^# TLS mode: the CLI CA's certificate \/\S+\/cli-ca\/ca-cert\.pem \(its key \/\S+\/cli-ca\/ca\.pem: .*the shims' CA bundle \/\S+\/ca-bundle\.pem$/, 'then where the CLI CA and the bundle are');
     for (const agentName of ['claude', 'codex']) {
       const p = await run(['--agent', agentName, '--dir', shimDir]);
       t.equal(p.child.exitCode, 0);

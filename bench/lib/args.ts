@@ -51,6 +51,9 @@ export const USAGE = `usage: npm run bench -- [options]
                          off and on, alternating (a full run includes it; docs/metrics.md)
   --audit                only the audit cost: cli-proxy CPU and disk writes per request with
                          --no-audit and with the spool on, alternating (docs/audit.md)
+  --tls                  only TLS mode's cost per call (first call, new CONNECT, keep-alive
+                         in one tunnel) against base-url mode and direct calls, and the
+                         leaf minting alone (docs/design/tls-mode.md)
   --limits               only each part's RSS, fds and tasks, idle and under load (1 000
                          streams and 100 callers per proxy; link and apply with 10 000
                          bindings): what the units' MemoryMax=, LimitNOFILE=, TasksMax= are

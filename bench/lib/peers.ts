@@ -78,11 +78,18 @@ function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upst
   };
 }
 
-async function startNode(opts: PeerStartOptions, dir: string, args: string[], script = opts.cli): Promise<ProcPeer> {
+/** A Node peer (`script`, default the CLI) listening on a free loopback port; `extraEnv` joins the environment. */
+export async function startNode(
+  opts: Pick<PeerStartOptions, 'cli' | 'nodeArgs'>,
+  dir: string,
+  args: string[],
+  extraEnv: Record<string, string> = {},
+  script = opts.cli,
+): Promise<ProcPeer> {
   const port = await freePort();
   const logPath = join(dir, 'stdout.log');
   const out = openSync(logPath, 'a');
-  const env = { ...process.env };
+  const env = { ...process.env, ...extraEnv };
   delete env.NOTIFY_SOCKET;
   delete env.WATCHDOG_USEC;
   const child = spawnTracked(process.execPath, [...(opts.nodeArgs ?? []), script, ...args, '--listen', `127.0.0.1:${port}`], {
@@ -129,7 +136,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
         writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
         args.push('--token-file', tokenFile);
       }
-      const proc = await startNode(opts, dir, args, FLOOR_PROXY_JS);
+      const proc = await startNode(opts, dir, args, {}, FLOOR_PROXY_JS);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':

@@ -3,7 +3,7 @@ import { chmod, lstat, mkdir, readFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { dirname, join } from 'node:path';
 import { rootCertificates } from 'node:tls';
-import { CA_CERT_FILE, CA_FILE } from '../data/state-layout.js';
+import { CA_CERT_FILE, CA_FILE, CA_RENEW_BEFORE_MS } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
 import type { Logger } from '../log/logger.js';
@@ -19,8 +19,6 @@ import { createCa, loadCa, type LoadedCa } from './certificates.js';
 
 const CA_NAME = 'agent-connectors CLI CA';
 const CA_VALID_DAYS = 3650;
-/** A CA this close to its end is replaced at start, so no leaf is cut short by it. */
-const CA_RENEW_BEFORE_MS = 30 * 86_400_000;
 
 /** Where the system's trust store is, by distribution (Debian/Ubuntu first). */
 export const SYSTEM_CA_FILES = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt', '/etc/ssl/ca-bundle.pem', '/etc/ssl/cert.pem'];

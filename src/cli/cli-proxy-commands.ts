@@ -1,7 +1,7 @@
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { Option, type Command } from 'commander';
 import { ALLOWED_COMMANDS_FILE, readAllowedCommands } from '../data/allowed-commands.js';
-import { readCatalog } from '../data/catalog.js';
+import { PROVIDER_PORT_MAX, PROVIDER_PORT_MIN, providerPorts, readCatalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
 import { CA_CERT_FILE, CA_FILE, defaultCaBundle, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { ConfigError } from '../errors.js';
@@ -27,6 +27,21 @@ export function pathSetupCommand(agent: AgentName, dir: string): string {
       return `PATH=${dir}:$PATH claude   # or put ${dir} first on PATH in the agent user's environment`;
     case 'codex':
       return `PATH=${dir}:$PATH codex ${codexOverrideWords()}   # or put ${dir} first on PATH in the agent user's environment`;
+  }
+}
+
+/**
+ * The provider ports of the catalog in force (SPEC §10: each on 127.0.0.1, where a
+ * sandbox must let the agent's commands reach), as a comment; undefined when it names none.
+ */
+async function providerPortsLine(path: string): Promise<string | undefined> {
+  const range = `provider ports (${PROVIDER_PORT_MIN}-${PROVIDER_PORT_MAX})`;
+  try {
+    const ports = [...providerPorts(await readCatalog(path))].sort(([a], [b]) => a - b);
+    return ports.length ? `# ${range}, on 127.0.0.1: ${ports.map(([port, name]) => `${name} ${port}`).join(', ')}` : undefined;
+  } catch (err) {
+    // Not fatal: the PATH line above is what this command is for (the catalog is 0600, root reads it).
+    return `# ${range}: ${path} ${err instanceof ConfigError ? 'is invalid' : `cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`}`;
   }
 }
 
@@ -79,11 +94,16 @@ export function registerCliProxyCommands(program: Command): void {
     .option('--dir <dir>', 'shim directory')
     .option('--state-dir <dir>', 'state root')
     .option('--ca-bundle <file>', 'the shims\' CA bundle, if not the default')
-    .action((opts: { agent: AgentName; dir?: string; stateDir?: string; caBundle?: string }) => {
+    .option('--providers <file>', 'provider catalog, for its provider ports (default: <state>/cli-proxy/providers.json)')
+    .action(async (opts: { agent: AgentName; dir?: string; stateDir?: string; caBundle?: string; providers?: string }) => {
       const layout = layoutFrom(opts);
       process.stdout.write(`${pathSetupCommand(opts.agent, resolve(opts.dir ?? defaultShimDir(layout.root)))}\n`);
       process.stdout.write(`${sandboxNote(opts.agent).join('\n')}\n`);
+      const ports = await providerPortsLine(layout.providers);
+      if (ports) process.stdout.write(`${ports}\n`);
       // TLS mode (SPEC §10): where its trust lives, for an operator checking a CLI's failed handshake.
-      process.stdout.write(`# TLS mode: CLI CA in ${layout.cliCa} (${CA_CERT_FILE} public, ${CA_FILE} the cli-proxy's user alone); shims' CA bundle ${resolve(opts.caBundle ?? defaultCaBundle(layout.root))}\n`);
+      process.stdout.write(
+        `# TLS mode: the CLI CA's certificate ${join(layout.cliCa, CA_CERT_FILE)} (its key ${join(layout.cliCa, CA_FILE)}: the cli-proxy's user alone); the shims' CA bundle ${resolve(opts.caBundle ?? defaultCaBundle(layout.root))}\n`,
+      );
     });
 }

@@ -24,9 +24,10 @@ export function registerDoctorCommand(program: Command): void {
   )
     .option('--agent-user <name>', 'the user AI agents run as: checked to read no secret')
     .option('--agent-users-file <file>', "the proxies' agent-users file: missing or naming nobody (every agent refused) is a problem", AGENT_USERS_FILE)
+    .option('--ca-bundle <file>', "the shims' CA bundle (TLS mode), if the cli-proxy was given another (default: as cli-proxy --ca-bundle)")
     .option('--no-systemd', 'skip the unit checks (hosts without systemd)')
     .option('--json', 'print one JSON document (format agent-connectors.doctor/1: checks, codes, summary)')
-    .action(async (opts: { stateDir?: string; handoff?: string; agentUser?: string; agentUsersFile: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
+    .action(async (opts: { stateDir?: string; handoff?: string; caBundle?: string; agentUser?: string; agentUsersFile: string; forwarderUrl: string; cliProxyUrl: string; credential: string; systemd: boolean; json?: boolean }) => {
       // Loaded when doctor runs: `status` shares these options and needs none of the checks.
       const [{ diagnose }, { doctorReport }] = await Promise.all([import('../doctor/doctor.js'), import('../doctor/report.js')]);
       const layout = layoutFrom(opts);
@@ -34,6 +35,7 @@ export function registerDoctorCommand(program: Command): void {
       const { findings, link } = await diagnose({
         stateDir: layout.root,
         handoffDir: layout.handoff,
+        caBundle: opts.caBundle === undefined ? undefined : resolve(opts.caBundle),
         agentUser: opts.agentUser,
         agentUsersFile: resolve(opts.agentUsersFile),
         forwarderUrl: opts.forwarderUrl,

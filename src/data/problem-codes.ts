@@ -29,6 +29,18 @@ export const AUDIT_SPOOL_FULL = 'audit_spool_full';
 export const AUDIT_UPLOAD_STALE = 'audit_upload_stale';
 /** doctor only: the spool lacks the setgid bit (made by a process, not tmpfiles), so the link may not read new events. */
 export const AUDIT_DIR_NOT_SETGID = 'audit_dir_not_setgid';
+/** doctor only: the CLI CA (TLS mode, SPEC §10) is not there yet: the cli-proxy makes it at its start. */
+export const CLI_CA_MISSING = 'cli_ca_missing';
+/** doctor only: the CLI CA's key file is not a 0600 file of the cli-proxy's user: its key may be known; the cli-proxy refuses it. */
+export const CLI_CA_KEY_EXPOSED = 'cli_ca_key_exposed';
+/** doctor only: the CLI CA's certificate is missing, unreadable, expired, near its end, or not a CA. */
+export const CLI_CA_CERT_INVALID = 'cli_ca_cert_invalid';
+/** doctor only: the CLI CA ends within 30 days (the cli-proxy replaces it at its next start). */
+export const CLI_CA_EXPIRING = 'cli_ca_expiring';
+/** doctor only: the shims' CA bundle is missing or does not hold the CLI CA: TLS-mode CLIs fail their handshake. */
+export const CA_BUNDLE_STALE = 'ca_bundle_stale';
+/** doctor only: the shims' CA bundle is not readable by every agent (file 0644, directories traversable). */
+export const CA_BUNDLE_UNREADABLE = 'ca_bundle_unreadable';
 
 /** Whether apply's record holds a rejection newer than the version in force (an older one was superseded). */
 export function rejectionPending(applied: AppliedState | undefined): boolean {

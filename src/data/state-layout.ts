@@ -90,3 +90,5 @@ export function defaultCaBundle(stateDir: string): string {
 /** In the CLI CA's directory: its key and certificate together (0600), and the certificate alone. */
 export const CA_FILE = 'ca.pem';
 export const CA_CERT_FILE = 'ca-cert.pem';
+/** A CLI CA this close to its end is replaced when the cli-proxy starts, so no leaf is cut short by it. */
+export const CA_RENEW_BEFORE_MS = 30 * 86_400_000;

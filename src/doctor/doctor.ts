@@ -3,13 +3,14 @@ import { dirname, join } from 'node:path';
 import { parseCatalog } from '../data/catalog.js';
 import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
-import { stateLayout } from '../data/state-layout.js';
+import { defaultCaBundle, stateLayout } from '../data/state-layout.js';
 import { APPLY_UNIT, LINK_UNIT, SERVICE_UNITS, unitStem } from '../data/unit-names.js';
 import { HANDOFF_ROOT_MODE, handoffPaths, readSlots } from '../data/handoff.js';
 import { agentUsersHealth } from '../data/agent-users.js';
 import { readHostRevoked } from '../data/host-revoked.js';
 import { agentUsersProblem, HOST_REVOKED, partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
 import { auditChecks } from './audit-checks.js';
+import { cliCaChecks } from './cli-ca-checks.js';
 import { Findings, type Finding } from './finding.js';
 import { linkChecks, readEnrolment, reapplyFix, type LinkFacts } from './link-checks.js';
 import { probeHealth, systemdRunning, unitState } from './probe.js';
@@ -19,6 +20,8 @@ export type { Finding, Level } from './finding.js';
 export interface DoctorOptions {
   stateDir: string;
   handoffDir: string;
+  /** The shims' CA bundle (TLS mode), if not the default for the state root. */
+  caBundle?: string;
   /** The user AI agents run as: must not be able to read any secret. */
   agentUser?: string;
   /** The proxies' agent-users file: missing or empty (every agent gets 403) is a problem. Undefined: not checked. */
@@ -81,9 +84,9 @@ export async function canRead(path: string, who: Account): Promise<boolean> {
 /**
  * Checks a host installation and says, for each problem, the command that fixes it:
  * users and groups, directory and file owners and modes, that the Agent UID can read no
- * secret, the two ports, the units, token freshness, registry and catalog validity, the
- * audit spool (audit-checks.ts); on an enrolled host also the link, the desired-state
- * versions and drift (link-checks.ts).
+ * secret, the two ports, the units, token freshness, registry and catalog validity, TLS
+ * mode's CLI CA and CA bundle (cli-ca-checks.ts), the audit spool (audit-checks.ts); on
+ * an enrolled host also the link, the desired-state versions and drift (link-checks.ts).
  */
 export async function runDoctor(o: DoctorOptions): Promise<Finding[]> {
   return (await diagnose(o)).findings;
@@ -178,6 +181,9 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   } else if (o.systemd) {
     out.warn('credential_missing', 'credential', `${credential} does not exist: renew fetch cannot start`, `agent-connectors enroll --gateway URL${credential === '/etc/agent-connectors/host-credential' ? '' : ` --credential ${credential}`}`);
   }
+
+  // 3b. TLS mode's trust: the CLI CA (its key is a secret) and the shims' CA bundle
+  secrets.push(...(await cliCaChecks({ dir: layout.cliCa, bundle: o.caBundle ?? defaultCaBundle(o.stateDir), uid: service?.uid, now }, out)));
 
   // 4. the Agent UID reads nothing secret
   if (o.agentUser) {

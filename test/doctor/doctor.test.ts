@@ -2,15 +2,17 @@ import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
-import { chmodSync, chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, cpSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
+import { openCliCa } from '../../src/cli-proxy/cli-ca.js';
 import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
 import { doctorReportSchema } from '../../src/data/doctor-report.js';
 import type { LinkStatus } from '../../src/data/link-status.js';
 import { runDoctor, type Finding } from '../../src/doctor/doctor.js';
 import { CLI, checkNoLeaks, leakedSecrets, REPO_ROOT, writeToken } from '../support/cli-proc.js';
+import { memoryLogger } from '../support/memory-log.js';
 import { startProxy, type ProxyProc } from '../support/proxy-rig.js';
 import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
@@ -76,6 +78,9 @@ interface Fixture {
   providerToken: string;
   slotFile: string;
   audit: string;
+  /** TLS mode: the CLI CA's directory and the shims' bundle (outside the 0750 state root, as on a system install). */
+  cliCa: string;
+  bundle: string;
 }
 
 const HOUR = 3600_000;
@@ -104,8 +109,14 @@ function slotJson(slot: string, fields: Record<string, unknown> = {}): string {
   });
 }
 
-/** A healthy installation under a fresh temp dir: SPEC §2 / units/tmpfiles.d modes and owners. */
-function buildFixture(ids: Ids): Fixture {
+/** A CLI CA and its bundle as the cli-proxy writes them (openCliCa), made once in setup, copied into each fixture. */
+let caTemplate: { dir: string; bundle: string } | undefined;
+
+/**
+ * A healthy installation under a fresh temp dir: SPEC §2 / units/tmpfiles.d modes and
+ * owners. `withCa: false` leaves the CLI CA to the cli-proxy started on the fixture.
+ */
+function buildFixture(ids: Ids, withCa = true): Fixture {
   const base = tempDir('ac-doctor-');
   // The parent of the state root is world-traversable, as /var/lib is.
   chmodSync(base, 0o755);
@@ -147,8 +158,17 @@ function buildFixture(ids: Ids): Fixture {
   writeOwned(join(slots, 'cli:notion.json'), slotJson('cli:notion'), 0o640, ids.ac, ids.renew);
   // The proxies' agent-users file, as install writes it.
   writeFileSync(join(base, 'agent-users'), `# agents\n${AGENT}\n`, { mode: 0o644 });
+  const cliCa = join(stateDir, 'cli-ca');
+  const bundle = join(base, 'ca', 'ca-bundle.pem');
+  if (withCa) {
+    if (!caTemplate) throw new Error('no CA template (setup did not run)');
+    cpSync(caTemplate.dir, cliCa, { recursive: true, preserveTimestamps: true });
+    cpSync(caTemplate.bundle, bundle, { preserveTimestamps: true });
+    chmodSync(join(base, 'ca'), 0o755);
+    for (const p of [cliCa, join(cliCa, 'ca.pem'), join(cliCa, 'ca-cert.pem')]) chownSync(p, ids.ac, ids.acGroup);
+  }
   t.teardown(() => rmSync(base, { recursive: true, force: true }));
-  return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile, audit };
+  return { base, stateDir, fwdDir, cliDir, handoff, inbox, slots, instancesPath, providersPath, tokenFile, providerToken, slotFile, audit, cliCa, bundle };
 }
 
 interface DoctorRun {
@@ -215,7 +235,7 @@ let healthy: Fixture | undefined;
 
 function baseArgs(fx: Fixture, extra: string[] = []): string[] {
   // A credential path of the fixture's own, which does not exist: never enrolled, whatever this machine has in /etc.
-  return ['--state-dir', fx.stateDir, '--credential', join(fx.base, 'host-credential'), '--agent-users-file', join(fx.base, 'agent-users'), '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
+  return ['--state-dir', fx.stateDir, '--ca-bundle', fx.bundle, '--credential', join(fx.base, 'host-credential'), '--agent-users-file', join(fx.base, 'agent-users'), '--agent-user', AGENT, '--no-systemd', '--json', '--forwarder-url', fwd?.base ?? '', '--cli-proxy-url', proxy?.base ?? '', ...extra];
 }
 
 /** One problem finding for `check` whose detail matches `detail`, with a fix; fails loudly otherwise. */
@@ -231,12 +251,18 @@ test('setup: users from units/sysusers.d, a healthy fixture, a running forwarder
   ids = ensureUsers();
   tt.ok(ids.ac > 0, `agent-connectors exists (uid ${ids.ac})`);
   tt.ok(ids.renew > 0, `agent-connectors-renew exists (gid ${ids.renew})`);
-  healthy = buildFixture(ids);
+  const template = tempDir('ac-doctor-ca-template-');
+  t.teardown(() => rmSync(template, { recursive: true, force: true }));
+  caTemplate = { dir: join(template, 'cli-ca'), bundle: join(template, 'ca-bundle.pem') };
+  await openCliCa(caTemplate, memoryLogger().log);
+  healthy = buildFixture(ids, false);
   // Started on the root tap object: they serve every subtest below.
   fwd = await startProxy(t, 'forwarder', { stateDir: healthy.stateDir });
   await fwd.waitForLog((l) => l.msg === 'registry loaded' && l.instances === 1);
-  proxy = await startProxy(t, 'cli-proxy', { stateDir: healthy.stateDir });
+  proxy = await startProxy(t, 'cli-proxy', { stateDir: healthy.stateDir, args: ['--ca-bundle', healthy.bundle] });
   await proxy.waitForLog((l) => l.msg === 'catalog loaded' && l.providers === 1);
+  // It made the CLI CA as root (the test's user); on a host it runs as agent-connectors.
+  for (const p of [healthy.cliCa, join(healthy.cliCa, 'ca.pem'), join(healthy.cliCa, 'ca-cert.pem')]) chownSync(p, ids.ac, ids.acGroup);
   tt.ok(fwd.port > 0 && proxy.port > 0, 'both listening');
 });
 
@@ -247,7 +273,7 @@ test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   tt.same(problems(run), [], 'no problem');
   tt.same(run.findings.filter((f) => f.level === 'warn'), [], 'no warning either');
   const checks = new Set(run.findings.map((f) => f.check));
-  for (const c of ['users', 'directories', 'registry', 'catalog', 'agent user', 'renewal', 'ports', 'audit']) tt.ok(checks.has(c), `checked: ${c}`);
+  for (const c of ['users', 'directories', 'registry', 'catalog', 'cli ca', 'ca bundle', 'agent user', 'renewal', 'ports', 'audit']) tt.ok(checks.has(c), `checked: ${c}`);
   tt.notOk(checks.has('units'), '--no-systemd skips the units');
   for (const c of ['enrolment', 'link', 'desired state', 'drift']) tt.notOk(checks.has(c), `never enrolled: no ${c} check`);
   tt.equal(run.findings.filter((f) => f.check === 'directories' && f.level === 'ok').length, 6, 'all six directories ok');
@@ -423,7 +449,7 @@ test('a missing user, a missing group, a user not in the group (in-process, fake
     writeFileSync(p, text);
     return p;
   };
-  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, agentUser: AGENT, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
+  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, caBundle: fx.bundle, agentUser: AGENT, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false };
 
   const baseline = await runDoctor({ ...common, passwdPath: write('passwd', passwd), groupPath: write('group', group) });
   tt.same(baseline.filter((f) => f.level === 'problem'), [], 'the unchanged copies: no problem');
@@ -463,7 +489,7 @@ test('an agent user in the hand-off group (fake group file, in-process) can read
     .map((l) => (l.startsWith('agent-connectors-renew:') ? `${l}${l.endsWith(':') ? '' : ','}${AGENT}` : l))
     .join('\n');
   writeFileSync(join(files, 'group'), group);
-  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false, groupPath: join(files, 'group') };
+  const common = { stateDir: fx.stateDir, handoffDir: fx.handoff, caBundle: fx.bundle, forwarderUrl: fwd?.base ?? '', cliProxyUrl: proxy?.base ?? '', systemd: false, groupPath: join(files, 'group') };
   const findings = await runDoctor({ ...common, agentUser: AGENT });
   const readable = findings.filter((f) => f.level === 'problem' && f.check === 'agent user').map((f) => f.detail);
   tt.ok(readable.some((d) => d.endsWith(`can read ${fx.inbox}`)), `the inbox directory is flagged (got ${JSON.stringify(readable)})`);
@@ -556,6 +582,29 @@ test('a bad catalog: invalid JSON, and a provider without inject', async (tt) =>
     const f = findProblem(tt, run, 'catalog', detail);
     tt.match(f?.fix ?? '', fx.providersPath, `${what}: the fix names the file`);
   }
+});
+
+test('TLS mode: a CLI CA key others may read and a bundle without the CA, each a problem with its fix; the key counts as a secret', async (tt) => {
+  const fx = buildFixture(ids);
+  const key = join(fx.cliCa, 'ca.pem');
+  chmodSync(key, 0o644);
+  writeFileSync(fx.bundle, '# no CA here\n');
+  const run = await doctor(baseArgs(fx));
+  tt.equal(run.code, 1, 'exit 1');
+  const exposed = findProblem(tt, run, 'cli ca', /ca\.pem has mode 644: the CLI CA's private key may be known to others/);
+  tt.equal(exposed?.code, 'cli_ca_key_exposed');
+  tt.equal(exposed?.fix, `rm ${key} && systemctl restart agent-connectors-cli-proxy (a new CA; the shims' bundle gets it)`);
+  const stale = findProblem(tt, run, 'ca bundle', /does not hold the CLI CA's certificate/);
+  tt.equal(stale?.code, 'ca_bundle_stale');
+  tt.notOk(problems(run).some((p) => p.check === 'agent user'), 'the 0700 directory still keeps the agent out');
+  tt.notOk(nobodyCanRead(key), 'as nobody really finds');
+
+  chmodSync(fx.stateDir, 0o755);
+  chmodSync(fx.cliCa, 0o755);
+  tt.ok(nobodyCanRead(key), 'with the directories open, nobody reads the key');
+  const open = await doctor(baseArgs(fx));
+  tt.equal(findProblem(tt, open, 'cli ca', /has mode 755, expected 700/)?.fix, `chmod 700 ${fx.cliCa}`);
+  tt.equal(findProblem(tt, open, 'agent user', new RegExp(`nobody can read ${key.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`))?.code, 'agent_reads_secret', 'the CA key is one of the secrets');
 });
 
 test('a stopped forwarder / cli-proxy (port closed) → ports problem with systemctl start', async (tt) => {
