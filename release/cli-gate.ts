@@ -122,12 +122,18 @@ async function installNpmCases(cases: readonly CliCase[], npmDir: string, log: (
   return undefined;
 }
 
-async function versionOf(bin: string, args: readonly string[], path: string): Promise<string> {
-  const r = await execa(bin, [...args], { reject: false, timeout: 60_000, env: { PATH: path, HOME: '/nonexistent' }, extendEnv: false, stdin: 'ignore' });
+async function versionOf(c: CliCase, bin: string, path: string): Promise<string> {
+  const r = await execa(bin, [...c.versionArgs], { reject: false, timeout: 60_000, env: { PATH: path, HOME: '/nonexistent' }, extendEnv: false, stdin: 'ignore' });
   const line = `${r.stdout}\n${r.stderr}`.split('\n').find((l) => l.trim() !== '');
-  if (line === undefined) return `? (exit ${r.exitCode})`;
   // The number alone for the table ("curl 7.88.1 (x86_64…", "aws-cli/2.9.19 Python/…").
-  return /\d+\.\d+(?:\.\d+)?(?:[-+.][0-9A-Za-z.]+)?/.exec(line)?.[0] ?? line.trim().slice(0, 40);
+  const number = line === undefined ? undefined : /\d+\.\d+(?:\.\d+)?(?:[-+.][0-9A-Za-z.]+)?/.exec(line)?.[0];
+  if (number !== undefined) return number;
+  // Debian's hcloud prints "hcloud was not built properly": the package's own version says it.
+  if ('apt' in c.install) {
+    const pkg = await execa('dpkg-query', ['-W', '-f', '${Version}', c.install.apt], { reject: false });
+    if (pkg.exitCode === 0 && pkg.stdout.trim() !== '') return `${pkg.stdout.trim()} (Debian)`;
+  }
+  return line === undefined ? `? (exit ${r.exitCode})` : line.trim().slice(0, 40);
 }
 
 const secretsIn = (text: string, secrets: readonly string[]): string[] => secrets.filter((s) => s.length > 0 && text.includes(s));
@@ -152,7 +158,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
       verdicts.set(c.name, { name: c.name, version: '-', mode: modeOf(c), command: c.command, ok: !REQUIRED && !('npm' in c.install), detail: REQUIRED || 'npm' in c.install ? why : `skipped: ${why}`, seconds: 0 });
       continue;
     }
-    runnable.push({ c, bin: found.bin, version: await versionOf(found.bin, c.versionArgs, agentPath(c)) });
+    runnable.push({ c, bin: found.bin, version: await versionOf(c, found.bin, agentPath(c)) });
   }
 
   const agent = ensureAgentUser();
