@@ -40,7 +40,7 @@ export function agentBins(dir: string): AgentBins {
 
 const specs = (pkgs: Record<string, string>): string[] => Object.entries(pkgs).map(([name, version]) => `${name}@${version}`);
 
-async function npmInstall(prefix: string, pkgs: Record<string, string>, path: string, log: (line: string) => void): Promise<void> {
+export async function npmInstall(prefix: string, pkgs: Record<string, string>, path: string, log: (line: string) => void): Promise<void> {
   mkdirSync(prefix, { recursive: true });
   const manifest = join(prefix, 'package.json');
   if (!existsSync(manifest)) writeFileSync(manifest, `${JSON.stringify({ name: 'agent-connectors-gates', private: true })}\n`);

@@ -5,7 +5,9 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { execa } from 'execa';
-import { installAgents, type AgentBins } from './agents.js';
+import { agentBins, installAgents, type AgentBins } from './agents.js';
+import { runCliGate, type CliVerdict } from './cli-gate.js';
+import { CLI_CASES } from './clis/index.js';
 import { labTargetSkipReason, startLabTarget } from './lab-target.js';
 import { eachFile, filesHolding, PROBES, type ProbeContext, type Verdict } from './probes.js';
 import { CODEX_SANDBOX, probeCodexSandbox } from './sandbox-probe.js';
@@ -47,7 +49,7 @@ const { values: opts } = parseArgs({
     'timeout-s': { type: 'string', default: '90' },
     report: { type: 'string', default: join(REPO_ROOT, 'build/gates-report.json') },
     keep: { type: 'boolean', default: false },
-    targets: { type: 'string', default: 'dev,lab' },
+    targets: { type: 'string', default: 'dev,lab,clis' },
   },
 });
 
@@ -205,11 +207,22 @@ async function gateTarget(target: Target, bins: AgentBins, work: string, only: S
 async function main(): Promise<number> {
   const agentsDir = resolve(opts['agents-dir']!);
   mkdirSync(agentsDir, { recursive: true });
-  const bins = await installAgents(agentsDir, log);
-  const only = opts.only ? new Set(opts.only.split(',')) : undefined;
+  const all = opts.only ? opts.only.split(',') : undefined;
+  // `--only clis` or `--only clis:gh,clis:git` picks the CLI gate (all or some cases); any
+  // other name is an agent probe of the dev and lab targets.
+  const cliNames = all?.filter((n) => n === 'clis' || n.startsWith('clis:'));
+  const agentNames = all?.filter((n) => !cliNames!.includes(n));
+  const only = agentNames ? new Set(agentNames) : undefined;
+  const wanted = new Set(opts.targets!.split(','));
+  if (only && only.size === 0) {
+    wanted.delete('dev');
+    wanted.delete('lab');
+  }
+  if (cliNames && cliNames.length === 0) wanted.delete('clis');
+  const bins = wanted.has('dev') || wanted.has('lab') ? await installAgents(agentsDir, log) : agentBins(agentsDir);
   const work = mkdtempSync(join(agentsDir, 'run-'));
   const results: { target: string; verdicts: Verdict[] }[] = [];
-  const wanted = new Set(opts.targets!.split(','));
+  let clis: CliVerdict[] | undefined;
   const runTarget = async (name: string, start: () => Promise<Target>): Promise<void> => {
     if (!wanted.has(name)) return;
     let target: Target;
@@ -238,6 +251,19 @@ async function main(): Promise<number> {
         return { name: 'lab', ...lab, stateDir: lab.secretsDir, call: { tool: 'echo', args: { text: 'release gate' } } };
       });
     }
+    if (wanted.has('clis')) {
+      const picked = cliNames?.includes('clis') || !cliNames ? undefined : new Set(cliNames.map((n) => n.slice('clis:'.length)));
+      const unknown = [...(picked ?? [])].filter((n) => !CLI_CASES.some((c) => c.name === n));
+      if (unknown.length > 0) throw new Error(`--only names CLI cases that do not exist: ${unknown.join(', ')} (cases: ${CLI_CASES.map((c) => c.name).join(', ')})`);
+      clis = await runCliGate({
+        cases: CLI_CASES.filter((c) => !picked || picked.has(c.name)),
+        cacheDir: agentsDir,
+        log,
+        stepTimeoutMs: Number(opts['timeout-s']) * 1000,
+        keep: opts.keep,
+      });
+      results.push({ target: 'clis', verdicts: clis.map((v) => ({ client: v.name, ok: v.ok, tools: 0, detail: `${v.version} (${v.mode}, ${v.seconds.toFixed(1)} s): ${v.detail}`, command: v.command })) });
+    }
   } finally {
     if (!opts.keep) rmSync(work, { recursive: true, force: true });
   }
@@ -246,7 +272,7 @@ async function main(): Promise<number> {
   );
   process.stdout.write(`${lines.join('\n')}\n`);
   mkdirSync(dirname(opts.report!), { recursive: true });
-  writeFileSync(opts.report!, `${JSON.stringify({ at: new Date().toISOString(), results }, null, 2)}\n`);
+  writeFileSync(opts.report!, `${JSON.stringify({ at: new Date().toISOString(), results, ...(clis ? { clis } : {}) }, null, 2)}\n`);
   return results.every((r) => r.verdicts.every((v) => v.ok)) ? 0 : 1;
 }
 

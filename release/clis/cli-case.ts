@@ -42,6 +42,11 @@ export interface CliCase {
   steps: ReadonlyArray<{ script: string; expect: RegExp; env?: Readonly<Record<string, string>> }>;
   /** The table's description of what the steps do ("gh repo list", "s3 ls and an upload"). */
   command: string;
+  /**
+   * Prepares what the fake serves before it starts (a bare repository to clone, ...), in
+   * `dir`, a fresh directory of root's that the agent UID cannot read. Optional.
+   */
+  setup?(dir: string): void | Promise<void>;
   /** Environment every step gets on top of PATH and HOME (a region, a pager off, ...). */
   env?: Readonly<Record<string, string>>;
 }
