@@ -2,7 +2,12 @@ import type { CliCase } from './cli-case.js';
 import { curl } from './curl.js';
 import { gh } from './gh.js';
 import { gitHttps } from './git.js';
+import { heroku } from './heroku.js';
 import { httpie } from './httpie.js';
+import { netlify } from './netlify.js';
+import { sentryCli } from './sentry-cli.js';
+import { vercel } from './vercel.js';
+import { wrangler } from './wrangler.js';
 
 /**
  * Every case of the CLI gate (release/cli-gate.ts), in the order the table lists them. One
@@ -13,4 +18,9 @@ export const CLI_CASES: readonly CliCase[] = [
   gh,
   gitHttps,
   httpie,
+  wrangler,
+  netlify,
+  vercel,
+  heroku,
+  sentryCli,
 ];
