@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:https';
+import { createServer, request as httpsRequest, type Server } from 'node:https';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -221,7 +221,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
 
     // Each case's window of proxy log lines, for the secret search at the end.
     for (const { c, bin, version } of runnable) {
-      const verdict = await runCase(c, { bin, version, agent, base, shimDir, path: `${shimDir}:${agentPath(c)}`, fake: fakes.get(c.name)!, timeoutMs: opts.stepTimeoutMs, state });
+      const verdict = await runCase(c, { bin, version, agent, base, shimDir, path: `${shimDir}:${agentPath(c)}`, fake: fakes.get(c.name)!, timeoutMs: opts.stepTimeoutMs, state, testCa });
       verdicts.set(c.name, verdict);
       log(`clis: ${c.name}: ${verdict.ok ? 'ok' : 'FAIL'} (${verdict.seconds.toFixed(1)} s)`);
     }
@@ -261,6 +261,20 @@ interface CaseContext {
   fake: Fake;
   timeoutMs: number;
   state: string;
+  testCa: string;
+}
+
+/** The status the fake gives `GET /` under `host` without any credential. */
+function anonymousStatus(port: number, host: string, caFile: string): Promise<number | string> {
+  return new Promise((resolve) => {
+    const req = httpsRequest({ host: '127.0.0.1', port, servername: host, path: '/', headers: { host }, ca: readFileSync(caFile), timeout: 30_000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 'no status');
+    });
+    req.on('timeout', () => req.destroy(new Error('timed out')));
+    req.on('error', (err) => resolve(err.message));
+    req.end();
+  });
 }
 
 /** The steps as the agent UID in a fresh HOME, then every place a secret must not be. */
@@ -270,6 +284,11 @@ async function runCase(c: CliCase, ctx: CaseContext): Promise<CliVerdict> {
   mkdirSync(home, { mode: 0o700 });
   chownSync(home, ctx.agent.uid, ctx.agent.gid);
   const verdict = (ok: boolean, detail: string): CliVerdict => ({ name: c.name, version: ctx.version, mode: modeOf(c), command: c.command, ok, detail, seconds: (Date.now() - started) / 1000 });
+  // A green run proves the injection only if the fake refuses what lacks the credential.
+  const anonymous = await anonymousStatus(ctx.fake.port, c.hosts[0]!, ctx.testCa);
+  ctx.fake.requests = 0;
+  ctx.fake.snapshots = [];
+  if (anonymous !== 401 && anonymous !== 403) return verdict(false, `the fake answers a request without the credential with ${anonymous}, not 401/403: it would pass without the injection`);
   const outputs: string[] = [];
   for (const [i, step] of c.steps.entries()) {
     const env = { PATH: ctx.path, HOME: home, LANG: 'C.UTF-8', ...c.env, ...step.env };
