@@ -1,19 +1,15 @@
+import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson as json } from './fake-json.js';
 
 /**
  * The Heroku CLI from npm (oclif). Its HTTP client (@heroku/http-call) tunnels through
  * HTTPS_PROXY itself and, behind a proxy, trusts SSL_CERT_FILE: both come from the shim in
  * TLS mode. HEROKU_API_KEY is sent as a Bearer token.
  */
-const TOKEN = 'HRKU-AAb3kQ9xZpL2mW7vN4cT8rY1sF6gH0jD5eU3iO9aP2qK';
+const TOKEN = `HRKU-${randomBytes(30).toString('base64url')}`;
 const EMAIL = 'ops@acme.example';
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
 
 function app(name: string, owner: string): Record<string, unknown> {
   return { id: `01234567-89ab-cdef-0123-${name.length.toString().padStart(12, '0')}`, name, owner: { email: owner, id: '5e2b' }, region: { name: 'us' }, space: null, locked: false, internal_routing: null };

@@ -1,21 +1,17 @@
+import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson as json } from './fake-json.js';
 
 /**
  * netlify-cli from npm. It builds an https-proxy-agent from HTTP_PROXY/HTTPS_PROXY for its
  * API client (node-fetch), and Node reads NODE_EXTRA_CA_CERTS: TLS mode. 26.2.0 is the last
  * release that runs on Node 20 (27 wants Node 22.13).
  */
-const TOKEN = 'nfp_Wk3Lq9Xz2Pm7Rv4Tb8Yc1Nd6Hs0Jf5Ga2Ue';
+const TOKEN = `nfp_${randomBytes(27).toString('base64url').slice(0, 36)}`;
 const SITES = [
   { id: '3d2a9e6f-5b1c-4f7e-8a0d-9c6b2e1f4a70', site_id: '3d2a9e6f-5b1c-4f7e-8a0d-9c6b2e1f4a70', name: 'acme-docs', url: 'https://acme-docs.netlify.app', ssl_url: 'https://acme-docs.netlify.app', account_name: 'Acme Ops', account_slug: 'acme-ops', admin_url: 'https://app.netlify.com/projects/acme-docs', build_settings: {} },
 ];
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
 
 function serve(req: IncomingMessage, _body: Buffer, res: ServerResponse): void {
   if (req.headers.authorization !== `Bearer ${TOKEN}`) {

@@ -1,21 +1,17 @@
+import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson as json } from './fake-json.js';
 
 /**
  * sentry-cli (@sentry/cli from npm: a Rust binary shipped in the registry package
  * @sentry/cli-linux-x64, so the install needs nothing but the registry). Its HTTP client
  * is libcurl, which reads HTTPS_PROXY and SSL_CERT_FILE itself: plain TLS mode.
  */
-const TOKEN = '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';
+const TOKEN = `sntryu_${randomBytes(32).toString('hex')}`;
 // sentry-cli tells a user token by its prefix and 64 hex digits: the placeholder has that shape.
 const PLACEHOLDER = `sntryu_${'0'.repeat(64)}`;
 const ORG = 'acme';
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
 
 function serve(req: IncomingMessage, _body: Buffer, res: ServerResponse): void {
   if (req.headers.authorization !== `Bearer ${TOKEN}`) {

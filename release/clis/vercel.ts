@@ -1,5 +1,7 @@
+import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson as json } from './fake-json.js';
 
 /**
  * The Vercel CLI from npm. It routes fetch through HTTPS_PROXY (undici's ProxyAgent) when a
@@ -8,16 +10,10 @@ import type { CliCase } from './cli-case.js';
  * `commands[].args` (SPEC §10). 60.1.3: the newest whose dependencies all resolve from the
  * registry here (61-64 need `sandbox@4.4.0`, which it does not serve).
  */
-const TOKEN = 'Xq7LmP2vR9sK4tW8yB3nC6dF';
+const TOKEN = randomBytes(12).toString('hex');
 // vercel refuses a --token holding anything but [A-Za-z0-9_] (its `\W` check).
 const PLACEHOLDER = 'agentconnectors000000000';
 const USER = { id: 'Q4fgW8LRtj1h0PzKqXbnD5cT', username: 'acme-ops', email: 'ops@acme.example', name: 'Acme Ops', defaultTeamId: null, version: 'northstar' };
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
 
 function serve(req: IncomingMessage, _body: Buffer, res: ServerResponse): void {
   if (req.headers.authorization !== `Bearer ${TOKEN}`) {

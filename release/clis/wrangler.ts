@@ -1,5 +1,7 @@
+import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson } from './fake-json.js';
 
 /**
  * wrangler (Cloudflare). Node CLI: it installs undici's EnvHttpProxyAgent as the global
@@ -7,16 +9,14 @@ import type { CliCase } from './cli-case.js';
  * shim's TLS-mode variables serve it as they are. 4.86.0 is the last release that runs on
  * Node 20 (engines >=20.3; 4.87 on want Node 22).
  */
-const TOKEN = 'cfut_Q7pWm2Lx9RkT4vYc8NbH3sJd6FgA1eZo5uIy0XqV';
+const TOKEN = randomBytes(30).toString('base64url');
 const ACCOUNT = { id: '9a7b3c5d1e2f40718293a4b5c6d7e8f9', name: 'Acme Ops' };
 
 /** The Cloudflare API v4 envelope. */
 function reply(res: ServerResponse, status: number, result: unknown, errors: ReadonlyArray<{ code: number; message: string }> = [], count?: number): void {
   const body: Record<string, unknown> = { success: errors.length === 0, errors, messages: [], result };
   if (count !== undefined) body.result_info = { page: 1, per_page: 100, count, total_count: count, total_pages: 1 };
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
+  sendJson(res, status, body);
 }
 
 function serve(req: IncomingMessage, _body: Buffer, res: ServerResponse): void {
