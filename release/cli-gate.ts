@@ -23,8 +23,10 @@ import { filesHolding } from './probes.js';
  *
  * One cli-proxy serves every case, its catalog holding every case's provider: the proxy's
  * start (seconds on a loaded machine) is paid once, and the catalog is proven whole as a
- * host would hold it (TLS mode's rules apply across providers: no host named twice). Each
- * case has its own fake (its own certificate and `serve`), its own HOME and its own checks.
+ * host would hold it (TLS mode's rules apply across providers: no host named twice). Cases
+ * one catalog cannot hold together (two CLIs of one SaaS naming the same hosts) go to a
+ * further cli-proxy of their own (groupsOf). Each case has its own fake (its own
+ * certificate and `serve`), its own HOME and its own checks.
  */
 
 export interface CliVerdict {
@@ -140,7 +142,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
   const npmDir = join(opts.cacheDir, 'clis');
   const npmProblem = await installNpmCases(opts.cases, npmDir, log);
   const verdicts = new Map<string, CliVerdict>();
-  const runnable: { c: CliCase; bin: string; version: string }[] = [];
+  const runnable: Runnable[] = [];
   const agentPath = (c: CliCase): string => ['npm' in c.install ? `${join(npmDir, 'node_modules/.bin')}:` : '', `${dirname(process.execPath)}:`, SYSTEM_PATH].join('');
   for (const c of opts.cases) {
     const found = binaryOf(c, npmDir);
@@ -155,15 +157,11 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
 
   const agent = ensureAgentUser();
   // Under the system's temp dir: the agent UID must traverse every parent (the gates' run
-  // directory is 0700). It reaches the shims, the CA bundle and its homes; never state/ or pki/.
+  // directory is 0700). It reaches the shims, the CA bundles and its homes; never state/ or pki/.
   const base = mkdtempSync(join(tmpdir(), 'ac-cli-gate-'));
   chmodSync(base, 0o755);
-  const state = join(base, 'state');
-  mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
   const pki = join(base, 'pki');
   mkdirSync(pki, { mode: 0o700 });
-  const shimDir = join(base, 'shims');
-  const bundle = join(base, 'ca', 'ca-bundle.pem');
   makeTestCa(pki, 'agent-connectors CLI gate test CA');
   const testCa = join(base, 'test-ca.pem');
   copyFileSync(join(pki, 'ca.pem'), testCa);
@@ -173,13 +171,85 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
   // curl is one of the host's own tools: the operator's file allows it, as docs/shims.md says.
   const allowed = join(base, 'allowed-commands');
   writeFileSync(allowed, 'curl\n', { mode: 0o644 });
+  const shared: Shared = { agent, base, pki, testCa, agentUsers, allowed, agentPath, log, stepTimeoutMs: opts.stepTimeoutMs };
+  const groups = groupsOf(runnable);
+  for (const [i, group] of groups.entries()) {
+    for (const v of await runGroup(group, i, shared)) verdicts.set(v.name, v);
+  }
+  if (!opts.keep) rmSync(base, { recursive: true, force: true });
+  return [...opts.cases.map((c) => verdicts.get(c.name)!), ...(verdicts.has(TUNNEL_ROW) ? [verdicts.get(TUNNEL_ROW)!] : [])];
+}
 
+/** What every group shares: the agent, the test CA, the operator's files. */
+interface Shared {
+  agent: AgentUser;
+  base: string;
+  pki: string;
+  testCa: string;
+  agentUsers: string;
+  allowed: string;
+  agentPath: (c: CliCase) => string;
+  log: (line: string) => void;
+  stepTimeoutMs: number;
+  tunnelChecked?: boolean;
+}
+
+interface Runnable {
+  c: CliCase;
+  bin: string;
+  version: string;
+}
+
+/** A `*.` pattern covers one label (SPEC §10); anything else is the name itself. */
+function covers(pattern: string, host: string): boolean {
+  if (!pattern.startsWith('*.')) return pattern === host;
+  const rest = host.slice(0, host.length - pattern.length + 1);
+  return host.endsWith(pattern.slice(1)) && rest.length > 0 && !rest.includes('.');
+}
+
+function namesOf(c: CliCase): { hosts: string[]; commands: string[] } {
+  const hosts = Array.isArray(c.provider.hosts) ? c.provider.hosts.filter((h): h is string => typeof h === 'string') : [];
+  const commands = Array.isArray(c.provider.commands) ? c.provider.commands.map((x) => (x as { name?: unknown }).name).filter((n): n is string => typeof n === 'string') : [];
+  return { hosts: [...hosts, ...c.hosts].map((h) => h.toLowerCase()), commands };
+}
+
+/** Two cases one catalog cannot hold together: a host both name (or cover), a shared command or provider id. */
+function clash(a: CliCase, b: CliCase): boolean {
+  const x = namesOf(a);
+  const y = namesOf(b);
+  if (a.providerId === b.providerId || x.commands.some((n) => y.commands.includes(n))) return true;
+  return x.hosts.some((h) => y.hosts.some((g) => covers(h, g) || covers(g, h)));
+}
+
+/**
+ * Cases into groups one catalog can hold (first fit): normally one, but several CLIs of one
+ * SaaS (aws, s3cmd, rclone on S3) name the same hosts, and a catalog naming a host twice is
+ * refused whole. Each group gets its own cli-proxy.
+ */
+function groupsOf(cases: readonly Runnable[]): Runnable[][] {
+  const groups: Runnable[][] = [];
+  for (const r of cases) {
+    const fit = groups.find((g) => g.every((o) => !clash(o.c, r.c)));
+    if (fit) fit.push(r);
+    else groups.push([r]);
+  }
+  return groups;
+}
+
+/** One cli-proxy (its own state, CLI CA, bundle and shims) for a group of cases, then each case. */
+async function runGroup(group: readonly Runnable[], index: number, sh: Shared): Promise<CliVerdict[]> {
+  const { agent, pki, testCa, log } = sh;
+  const state = join(sh.base, `state-${index}`);
+  mkdirSync(join(state, 'cli-proxy'), { recursive: true, mode: 0o700 });
+  const shimDir = join(sh.base, `shims-${index}`);
+  const bundle = join(sh.base, `ca-${index}`, 'ca-bundle.pem');
+  const verdicts = new Map<string, CliVerdict>();
   const fakes = new Map<string, Fake>();
   let proxy: CliProc | undefined;
   let tunnelFake: Fake | undefined;
   const tunnelSeen: { rawHeaders: string[]; url: string }[] = [];
   try {
-    for (const { c } of runnable) {
+    for (const { c } of group) {
       if (c.setup) {
         const dir = join(pki, `setup-${c.name}`);
         mkdirSync(dir, { mode: 0o700 });
@@ -187,7 +257,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
       }
       fakes.set(c.name, await startFake(pki, c.name, c.hosts, agent, c.serve.bind(c)));
     }
-    tunnelFake = await startFake(pki, 'tunnel', [TUNNEL_HOST], agent, (req, _body, res) => {
+    tunnelFake = await startFake(pki, `tunnel-${index}`, [TUNNEL_HOST], agent, (req, _body, res) => {
       tunnelSeen.push({ rawHeaders: req.rawHeaders, url: req.url ?? '' });
       res.writeHead(200, { 'content-type': 'text/plain' });
       res.end(`tunnel-ok ${req.headers['x-gate-probe'] ?? ''}\n`);
@@ -195,7 +265,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
 
     const catalog: Record<string, unknown> = {};
     const resolves: string[] = [`--resolve`, `${TUNNEL_HOST}:443:127.0.0.1:${tunnelFake.port}`];
-    for (const { c } of runnable) {
+    for (const { c } of group) {
       const tokenFile = join(state, 'cli-proxy', `${c.providerId}.token`);
       writeFileSync(tokenFile, `${c.token}\n`, { mode: 0o600 });
       catalog[c.providerId] = { ...c.provider, tokenFile };
@@ -203,7 +273,7 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
     }
     writeFileSync(join(state, 'cli-proxy', 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
     const started = Date.now();
-    proxy = startCli(['cli-proxy', '--listen', '127.0.0.1:0', '--state-dir', state, '--log-level', 'trace', '--agent-users-file', agentUsers, '--ca-bundle', bundle, '--upstream-ca', testCa, ...resolves]);
+    proxy = startCli(['cli-proxy', '--listen', '127.0.0.1:0', '--state-dir', state, '--log-level', 'trace', '--agent-users-file', sh.agentUsers, '--ca-bundle', bundle, '--upstream-ca', testCa, ...resolves]);
     const running = proxy;
     const died = running.exited.then(({ code, signal }) => {
       throw new Error(`cli-proxy exited (${code ?? signal}) at start:\n${running.lines.slice(-20).join('\n')}`);
@@ -212,27 +282,30 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
     // Deadlines, not timing checks: a start took over 20 s on a machine at load 12.
     const listening = await Promise.race([running.waitForLog((l) => l.msg === 'cli-proxy listening', 90_000), died]);
     const loaded = await Promise.race([running.waitForLog((l) => l.msg === 'catalog loaded' || l.msg === 'catalog refused' || l.level === 'error', 30_000), died]);
-    if (loaded.msg !== 'catalog loaded' || loaded.providers !== runnable.length) throw new Error(`the cli-proxy did not load the gate's catalog: ${JSON.stringify(loaded)}`);
+    if (loaded.msg !== 'catalog loaded' || loaded.providers !== group.length) throw new Error(`the cli-proxy did not load the gate's catalog: ${JSON.stringify(loaded)}`);
     const proxyUrl = `http://127.0.0.1:${listening.port as number}`;
-    log(`clis: cli-proxy up with ${runnable.length} providers in ${((Date.now() - started) / 1000).toFixed(1)} s`);
-    const install = startCli(['shims', 'install', '--dir', shimDir, '--proxy-url', proxyUrl, '--state-dir', state, '--ca-bundle', bundle, '--allowed-commands', allowed]);
+    log(`clis: cli-proxy up with ${group.map(({ c }) => c.providerId).join(', ')} in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+    const install = startCli(['shims', 'install', '--dir', shimDir, '--proxy-url', proxyUrl, '--state-dir', state, '--ca-bundle', bundle, '--allowed-commands', sh.allowed]);
     const installed = await install.exited;
     if (installed.code !== 0) throw new Error(`shims install exited ${installed.code}: ${install.lines.join('\n')}`);
 
-    // Each case's window of proxy log lines, for the secret search at the end.
-    for (const { c, bin, version } of runnable) {
-      const verdict = await runCase(c, { bin, version, agent, base, shimDir, path: `${shimDir}:${agentPath(c)}`, fake: fakes.get(c.name)!, timeoutMs: opts.stepTimeoutMs, state, testCa });
+    for (const { c, bin, version } of group) {
+      const verdict = await runCase(c, { bin, version, agent, base: sh.base, shimDir, path: `${shimDir}:${sh.agentPath(c)}`, fake: fakes.get(c.name)!, timeoutMs: sh.stepTimeoutMs, state, testCa });
       verdicts.set(c.name, verdict);
       log(`clis: ${c.name}: ${verdict.ok ? 'ok' : 'FAIL'} (${verdict.seconds.toFixed(1)} s)`);
     }
-    if (existsSync(join(shimDir, 'curl'))) {
-      const v = await tunnelCheck({ agent, base, shimDir, testCa, fake: tunnelFake, seen: tunnelSeen, proxy: running, secrets: runnable.flatMap(({ c }) => c.secrets), timeoutMs: opts.stepTimeoutMs });
+    // Once per run, in the first group with a curl shim.
+    if (!sh.tunnelChecked && existsSync(join(shimDir, 'curl'))) {
+      sh.tunnelChecked = true;
+      const v = await tunnelCheck({ agent, base: sh.base, shimDir, testCa, fake: tunnelFake, seen: tunnelSeen, proxy: running, secrets: group.flatMap(({ c }) => c.secrets), timeoutMs: sh.stepTimeoutMs }).catch(
+        (err: unknown): CliVerdict => ({ name: TUNNEL_ROW, version: '-', mode: 'tls', command: 'curl', ok: false, detail: (err as Error).message, seconds: 0 }),
+      );
       verdicts.set(TUNNEL_ROW, v);
       log(`clis: ${TUNNEL_ROW}: ${v.ok ? 'ok' : 'FAIL'}`);
     }
   } catch (err) {
     // The shared part failed (the proxy, the catalog, the shims): every case not yet judged fails with it.
-    for (const { c, version } of runnable) {
+    for (const { c, version } of group) {
       if (!verdicts.has(c.name)) verdicts.set(c.name, { name: c.name, version, mode: modeOf(c), command: c.command, ok: false, detail: (err as Error).message, seconds: 0 });
     }
   } finally {
@@ -242,13 +315,11 @@ export async function runCliGate(opts: CliGateOptions): Promise<CliVerdict[]> {
   }
   // The proxy's whole output (trace level: every line it can print), after it stopped.
   const proxyText = proxy ? proxy.lines.join('\n') : '';
-  for (const { c } of runnable) {
+  for (const { c } of group) {
     const v = verdicts.get(c.name)!;
-    const hits = secretsIn(proxyText, c.secrets);
-    if (hits.length > 0) verdicts.set(c.name, { ...v, ok: false, detail: `${v.detail}; SECRET in the cli-proxy's log` });
+    if (secretsIn(proxyText, c.secrets).length > 0) verdicts.set(c.name, { ...v, ok: false, detail: `${v.detail}; SECRET in the cli-proxy's log` });
   }
-  if (!opts.keep) rmSync(base, { recursive: true, force: true });
-  return [...opts.cases.map((c) => verdicts.get(c.name)!), ...(verdicts.has(TUNNEL_ROW) ? [verdicts.get(TUNNEL_ROW)!] : [])];
+  return [...verdicts.values()];
 }
 
 interface CaseContext {

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { CliCase } from './cli-case.js';
+import { sendJson } from './fake-http.js';
 
 /**
  * curl (Debian's), TLS mode, against GitLab's REST API: the agent calls the API with no
@@ -24,11 +25,7 @@ export const curl: CliCase = {
   secrets: [TOKEN],
   hosts: ['gitlab.com'],
   serve(req, _body, res) {
-    const json = (status: number, value: unknown): void => {
-      const text = JSON.stringify(value);
-      res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-      res.end(text);
-    };
+    const json = (status: number, value: unknown): void => sendJson(res, status, value);
     if (req.headers['private-token'] !== TOKEN) return json(401, { message: '401 Unauthorized' });
     if (req.method === 'GET' && req.url === '/api/v4/user') return json(200, { id: 4242, username: 'real-gitlab-user', state: 'active' });
     return json(404, { message: '404 Not Found' });

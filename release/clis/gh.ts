@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
+import { sendJson } from './fake-http.js';
 
 /**
  * GitHub's CLI (Debian's `gh`), TLS mode: gh talks https to api.github.com whatever the
@@ -13,9 +14,7 @@ const TOKEN = `ghp_${randomBytes(27).toString('base64url').slice(0, 36)}`;
 const LOGIN = 'real-gh-user';
 
 function json(res: ServerResponse, status: number, value: unknown): void {
-  const text = JSON.stringify(value);
-  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text), 'x-oauth-scopes': 'repo, read:org' });
-  res.end(text);
+  sendJson(res, status, value, { 'content-type': 'application/json; charset=utf-8', 'x-oauth-scopes': 'repo, read:org' });
 }
 
 const REPOS = [

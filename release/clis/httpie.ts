@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { CliCase } from './cli-case.js';
+import { sendJson } from './fake-http.js';
 
 /**
  * HTTPie (Debian's `httpie`, the `http` command), TLS mode, against Notion's API: the agent
@@ -26,11 +27,7 @@ export const httpie: CliCase = {
   secrets: [TOKEN],
   hosts: ['api.notion.com'],
   serve(req, _body, res) {
-    const json = (status: number, value: unknown): void => {
-      const text = JSON.stringify(value);
-      res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-      res.end(text);
-    };
+    const json = (status: number, value: unknown): void => sendJson(res, status, value);
     if (req.headers.authorization !== `Bearer ${TOKEN}`) return json(401, { object: 'error', status: 401, code: 'unauthorized', message: 'API token is invalid.' });
     if (req.method === 'GET' && req.url === '/v1/users/me') return json(200, { object: 'user', id: 'b0b0b0b0-0000-4000-8000-000000000001', name: 'Real Notion Bot', type: 'bot' });
     return json(404, { object: 'error', status: 404, code: 'object_not_found', message: 'Not found.' });

@@ -42,9 +42,9 @@ export interface CliProxyConfig {
 
 export interface CliProxyTlsConfig {
   ca: CliCaPaths;
-  /** `--resolve`: test aid. */
+  /** `--resolve`: test aid (TLS mode's hosts and base-url providers' https upstreams). */
   resolve: ResolveMap;
-  /** `--upstream-ca` files: test aid, CAs upstream certificates may also chain to. */
+  /** `--upstream-ca` files: test aid, CAs upstream certificates may also chain to (both modes, https). */
   upstreamCaFiles: readonly string[];
   leaves?: LeafCacheOptions;
 }
@@ -69,6 +69,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
     rotation,
     audit: spool,
     tlsAgent: tls?.agent,
+    labAgent: tlsConfig && (tlsConfig.resolve.size > 0 || tlsConfig.upstreamCaFiles.length > 0) ? tls?.agent : undefined,
   });
   let spool: AuditSpool | undefined;
   let tls: TlsRuntime | undefined;

@@ -25,6 +25,12 @@ export interface CliProxyDeps extends PipelineDeps {
   agent: Agent;
   /** TLS mode's upstream dispatcher: the system's CAs (+ `--upstream-ca`), `--resolve`. */
   tlsAgent?: Agent | undefined;
+  /**
+   * Base-url providers' https upstreams, when the test aids are on (`--resolve`,
+   * `--upstream-ca`): TLS mode's dispatcher, so a lab serves a base-url CLI's fake under
+   * its real https name too. Undefined (no test aid): the guarded `agent`, as always.
+   */
+  labAgent?: Agent | undefined;
   bodyLimit: number;
   /** Shared by every request: one watch per token file in rotation. */
   rotation: TokenRotationWait;
@@ -251,7 +257,8 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
       }
       await signAws(credentials, method, url, headers, buffered);
     } else injectToken(provider.inject, token, headers, url);
-    return new UpstreamCall(routed.proxyBase === undefined ? (deps.tlsAgent ?? deps.agent) : deps.agent, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
+    const dispatcher = routed.proxyBase === undefined ? (deps.tlsAgent ?? deps.agent) : url.protocol === 'https:' && deps.labAgent ? deps.labAgent : deps.agent;
+    return new UpstreamCall(dispatcher, { target: upstreamTarget(url), method, headers, body: buffered ?? limiter ?? null }, res);
   };
   const headOf = async (call: UpstreamCall): Promise<UpstreamHead> => {
     try {

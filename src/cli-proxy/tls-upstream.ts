@@ -8,7 +8,8 @@ import type { UpstreamOptions } from '../http/upstream-agent.js';
  * verified against the system's CAs, not Node's bundled list. Two test aids, off by
  * default: `--resolve HOST:PORT:ADDR` (curl's syntax; ADDR may carry its own port,
  * `127.0.0.1:8443` or `[::1]:8443`, so a fake SaaS needs no privileged port) and
- * `--upstream-ca FILE` (a CA the fake's certificate chains to).
+ * `--upstream-ca FILE` (a CA the fake's certificate chains to). While either is given,
+ * base-url providers' https upstreams use this dispatcher too (cli-proxy-service.ts).
  */
 
 export interface Destination {

@@ -48,8 +48,8 @@ export function addCliProxyFlags(cmd: Command): Command {
       .option('--audit-max-events <n>', 'spool bound: past it the oldest events are dropped and counted', String(DEFAULT_AUDIT_MAX_EVENTS))
       .option('--no-audit', 'write no audit events')
       .option('--ca-bundle <file>', `the shims' CA bundle, written at start (default: ${SYSTEM_CA_BUNDLE_DIR}/${CA_BUNDLE_FILE} for the system state root, else <state>/ca-bundle/${CA_BUNDLE_FILE})`)
-      .option('--resolve <host:port:addr>', 'test aid: send a TLS-mode host\'s connections to ADDR (curl\'s syntax; ADDR may carry :PORT); repeatable', collect, [])
-      .option('--upstream-ca <file>', 'test aid: a CA upstream certificates may also chain to (TLS mode); repeatable', collect, []),
+      .option('--resolve <host:port:addr>', 'test aid: send a host\'s upstream connections (TLS mode, base-url https upstreams) to ADDR (curl\'s syntax; ADDR may carry :PORT); repeatable', collect, [])
+      .option('--upstream-ca <file>', 'test aid: a CA https upstream certificates may also chain to (TLS mode, base-url https upstreams); repeatable', collect, []),
     { listen: DEFAULT_CLI_PROXY_LISTEN, bodyLimit: DEFAULT_CLI_BODY_LIMIT },
   );
 }
