@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
-import { sendJson as json } from './fake-json.js';
+import { sendJson as json } from './fake-http.js';
 
 /**
  * sentry-cli (@sentry/cli from npm: a Rust binary shipped in the registry package

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
-import { sendJson as json } from './fake-json.js';
+import { sendJson as json } from './fake-http.js';
 
 /**
  * The Vercel CLI from npm. It routes fetch through HTTPS_PROXY (undici's ProxyAgent) when a

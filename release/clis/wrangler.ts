@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { CliCase } from './cli-case.js';
-import { sendJson } from './fake-json.js';
+import { sendJson } from './fake-http.js';
 
 /**
  * wrangler (Cloudflare). Node CLI: it installs undici's EnvHttpProxyAgent as the global
