@@ -4,9 +4,14 @@ import { curl } from './curl.js';
 import { gh } from './gh.js';
 import { gitHttps } from './git.js';
 import { hcloudCase } from './hcloud.js';
+import { heroku } from './heroku.js';
 import { httpie } from './httpie.js';
+import { netlify } from './netlify.js';
 import { rcloneCase } from './rclone.js';
 import { s3cmdCase } from './s3cmd.js';
+import { sentryCli } from './sentry-cli.js';
+import { vercel } from './vercel.js';
+import { wrangler } from './wrangler.js';
 
 /**
  * Every case of the CLI gate (release/cli-gate.ts), in the order the table lists them. One
@@ -21,4 +26,9 @@ export const CLI_CASES: readonly CliCase[] = [
   s3cmdCase,
   rcloneCase,
   hcloudCase,
+  wrangler,
+  netlify,
+  vercel,
+  heroku,
+  sentryCli,
 ];
