@@ -20,7 +20,8 @@ interface Rig {
   proxy: ProxyProc;
   base: string;
   mint: (token: string) => void;
-  apply: () => void;
+  /** Writes `token` (default: the one the SaaS accepts now) as the renewal would. */
+  apply: (token?: string) => void;
   tokenFile: string;
 }
 
@@ -44,8 +45,8 @@ async function rig(t: TapTest, waitMs?: number): Promise<Rig> {
     mint: (token) => {
       accepted = token;
     },
-    apply: () => {
-      writeToken(`${tokenFile}.new`, accepted);
+    apply: (token = accepted) => {
+      writeToken(`${tokenFile}.new`, token);
       renameSync(`${tokenFile}.new`, tokenFile);
     },
     tokenFile,
@@ -72,6 +73,29 @@ t.test('GET and a small POST meeting a rotation are sent again with the new toke
   t.equal(res2.statusCode, 200);
   t.same(await res2.body.json(), { ok: true, got: Buffer.byteLength(body) }, 'the retry carried the whole body');
   t.equal(r.saas.requests[3]?.body.toString(), body);
+  checkNoLeaks(t);
+});
+
+t.test('a retry that meets the next rotation waits for that one too: the CLI sees 200', async (t) => {
+  const r = await rig(t);
+  // Held at the exact moment: the SaaS honours a second renewal before the file got the first.
+  r.mint('tok-cli-rot-5-FFFF');
+  const get = request(`${r.base}/repos`);
+  await r.saas.waitForRequests(1);
+  r.mint('tok-cli-rot-6-GGGG');
+  r.apply('tok-cli-rot-5-FFFF');
+  await r.saas.waitForRequests(2);
+  r.apply();
+  const res = await get;
+  t.equal(res.statusCode, 200, 'the CLI sees 200, not the superseded 401');
+  await res.body.text();
+  t.same(
+    r.saas.requests.map((q) => q.headers.authorization),
+    ['Bearer tok-cli-rot-0-AAAA', 'Bearer tok-cli-rot-5-FFFF', 'Bearer tok-cli-rot-6-GGGG'],
+    'the request, a retry with the superseded renewal, a retry with the current one',
+  );
+  const access = await r.proxy.waitForLog((l) => l.msg === 'access' && l.retries === 2);
+  t.equal(access.status, 200, 'the access line counts both retries');
   checkNoLeaks(t);
 });
 

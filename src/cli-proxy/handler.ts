@@ -9,7 +9,7 @@ import { createRequestPipeline, sendJson, type AccessRecord, type FrontChecks, t
 import { UpstreamCall, upstreamTarget, type UpstreamHead } from '../http/upstream-call.js';
 import { readBody } from '../http/request-body.js';
 import { readTokenFile } from '../token/token-file.js';
-import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
+import { MAX_TOKEN_RETRIES, waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import { providerPorts, type Catalog, type Provider } from '../data/catalog.js';
 import { tlsProviderFor } from '../data/tls-hosts.js';
@@ -274,23 +274,30 @@ async function handle(deps: CliProxyDeps, req: IncomingMessage, res: ServerRespo
   let upstream = await headOf(call);
   if (upstream.statusCode === 401 && deps.tokenWaitMs > 0) {
     // The SaaS may refuse a token the moment its successor is minted; renewal writes the
-    // successor within a second. The 401 is held (not yet relayed) while we wait.
+    // successor within a second. The 401 is held (not yet relayed) while we wait; and again
+    // if the retry's token was itself superseded before it arrived (as in the forwarder).
+    // One bound for the whole wait; after it the SaaS's own 401 goes to the CLI.
     const stillRouted = (): boolean => Object.hasOwn(deps.catalog.current.value, routed.name);
-    const end = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deps.tokenWaitMs, res, stillRouted);
-    if (res.destroyed) throw new ClientGoneError();
-    if (end.kind === 'deleted' || end.kind === 'unrouted') {
-      // A disconnect retires the token file and the provider: answer as a new request would.
-      await call.discard();
-      rec.upstreamStatus = 401;
-      if (end.kind === 'unrouted' || !stillRouted()) throw new AppError('unknown_provider');
-      rec.tokenProblem = 'missing';
-      throw new AppError('token_unavailable');
-    }
-    if (end.kind === 'renewed') {
+    const deadline = Date.now() + deps.tokenWaitMs;
+    let retries = 0;
+    while (upstream.statusCode === 401 && retries < MAX_TOKEN_RETRIES) {
+      const end = await waitForRenewedToken(deps.rotation, provider.tokenFile, token, deadline - Date.now(), res, stillRouted);
+      if (res.destroyed) throw new ClientGoneError();
+      if (end.kind === 'deleted' || end.kind === 'unrouted') {
+        // A disconnect retires the token file and the provider: answer as a new request would.
+        await call.discard();
+        rec.upstreamStatus = 401;
+        if (end.kind === 'unrouted' || !stillRouted()) throw new AppError('unknown_provider');
+        rec.tokenProblem = 'missing';
+        throw new AppError('token_unavailable');
+      }
+      if (end.kind !== 'renewed') break;
       await call.discard();
       rec.upstreamStatus = 401;
       if (!replayable) throw new AppError('token_rejected', STREAMED_NOT_RETRIED);
+      retries += 1;
       rec.retried = true;
+      rec.retries = retries;
       token = end.token;
       url = target();
       call = await send(token, url);

@@ -9,18 +9,11 @@ import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps }
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
 import { readTokenFile } from '../token/token-file.js';
-import { waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
+import { MAX_TOKEN_RETRIES, waitForRenewedToken, type TokenRotationWait } from '../token/token-wait.js';
 import { version } from '../version.js';
 import { HEALTH_METHODS, MCP_METHODS, mcpCallOf, route } from './route.js';
 
 export const TOKEN_REJECTED_RETRY_AFTER_S = 10;
-
-/**
- * Retries of one request after 401s, each with a token the file newly holds. The time bound
- * (--token-wait-ms) ends a wait; this ends a file that keeps changing to refused tokens
- * (real renewals come minutes apart: one retry, rarely two).
- */
-export const MAX_TOKEN_RETRIES = 10;
 
 export interface ForwarderDeps extends PipelineDeps {
   registry: HotFile<InstancesFile>;

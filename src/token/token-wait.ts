@@ -27,6 +27,13 @@ const POLL_MS = 100;
 export const DEFAULT_TOKEN_WAIT_MS = 5_000;
 
 /**
+ * Retries of one request after 401s, each with a token the file newly holds. The time bound
+ * (--token-wait-ms) ends a wait; this ends a file that keeps changing to refused tokens
+ * (real renewals come minutes apart: one retry, rarely two).
+ */
+export const MAX_TOKEN_RETRIES = 10;
+
+/**
  * How a wait ended: a renewed token; the file deleted; the route gone from the config
  * (`routed` said so); the bound passed (or the file stayed unreadable); the agent left.
  */
