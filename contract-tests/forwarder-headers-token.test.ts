@@ -1,6 +1,7 @@
 import { mkdirSync, rmSync } from 'node:fs';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
+import { MAX_TOKEN_RETRIES } from '../src/token/token-wait.js';
 import { request } from 'undici';
 import { checkNoLeaks, knownSecrets, leakedSecrets, waitForLogAfter, writeToken } from '../test/support/cli-proc.js';
 import { json } from '../test/support/mock-gateway.js';
@@ -186,12 +187,13 @@ t.test('4. upstream 401 while renewal replaced the token: one retry with the new
   t.equal(gw.requests[1]?.headers['mcp-session-id'], 'sess-9', 'retry keeps the whitelisted headers');
 });
 
-t.test('4. the retry is made once only: a second 401 is 503 token_rejected', async (t) => {
+t.test('4. a file that keeps changing to refused tokens: at most MAX_TOKEN_RETRIES retries, then 503 token_rejected', async (t) => {
   const { gw, url, tokenFile } = await setup(t, 'tok-twice-one-FFFF');
   let n = 0;
   gw.handle((_req, res) => {
     n += 1;
-    // Every answer comes after renewal wrote yet another token: still only one retry.
+    // Every answer comes after renewal wrote yet another token, each refused too: a retry
+    // per new token (a renewal superseded in flight), but never without end.
     writeToken(tokenFile, `tok-twice-next-${n}-FFFF`);
     json(res, 401, { error: 'invalid_token' }, { 'www-authenticate': 'Bearer error="invalid_token"' });
   });
@@ -199,7 +201,12 @@ t.test('4. the retry is made once only: a second 401 is 503 token_rejected', asy
   assertJsonError(t, resp, 503, 'token_rejected');
   t.ok(resp.headers['retry-after'], 'Retry-After');
   t.equal(resp.headers['www-authenticate'], undefined);
-  t.equal(gw.requests.length, 2, 'the original request and one retry, no more');
+  t.equal(gw.requests.length, 1 + MAX_TOKEN_RETRIES, `the original request and ${MAX_TOKEN_RETRIES} retries, no more`);
+  t.same(
+    new Set(gw.requests.map((q) => q.headers.authorization)).size,
+    gw.requests.length,
+    'each retry carried a token the file newly held',
+  );
 });
 
 t.test('5. empty or malformed token files: 503 token_unavailable, upstream never called', async (t) => {
