@@ -83,10 +83,14 @@ function keyId(spki: pkijs.PublicKeyInfo): ArrayBuffer {
   return digest.buffer.slice(digest.byteOffset, digest.byteOffset + digest.length);
 }
 
-/** A positive 128-bit serial (the high bit cleared so DER needs no sign byte). */
-function serial(): asn1js.Integer {
+/**
+ * A positive 126-bit random serial. DER wants an INTEGER's shortest form: the high bit clear
+ * (no sign byte) and the first byte never 0 (else a leading zero before a byte < 0x80 is
+ * "illegal padding", which OpenSSL refuses: one leaf in 256 before this was fixed).
+ */
+export function serial(): asn1js.Integer {
   const bytes = randomBytes(16);
-  bytes[0] = (bytes[0] as number) & 0x7f;
+  bytes[0] = ((bytes[0] as number) & 0x3f) | 0x40;
   return new asn1js.Integer({ valueHex: bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + 16) });
 }
 

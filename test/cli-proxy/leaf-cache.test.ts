@@ -5,7 +5,7 @@ import { X509Certificate } from 'node:crypto';
 import { connect, createServer, type SecureContext } from 'node:tls';
 import type { AddressInfo } from 'node:net';
 import t from 'tap';
-import { createCa, issueLeaf, loadCa } from '../../src/cli-proxy/certificates.js';
+import { createCa, issueLeaf, loadCa, serial } from '../../src/cli-proxy/certificates.js';
 import { LeafCache } from '../../src/cli-proxy/leaf-cache.js';
 import { tempDir } from '../support/temp-dir.js';
 
@@ -20,6 +20,17 @@ t.test('the CA: self-signed, CA:TRUE with path length 0, key usage for signing c
   t.ok(new Date(x.validTo).getTime() > Date.now() + 3000 * 86_400_000, 'valid for years');
   const other = await createCa('another', 1);
   await t.rejects(loadCa(ca.cert, other.key), /does not match/, 'a key of another CA is refused');
+});
+
+t.test('serial numbers are DER\'s shortest positive form: never a leading zero byte, never the sign bit', async (t) => {
+  // The bug this guards: one draw in 256 began 0x00 <0x80, and OpenSSL (and Node's
+  // X509Certificate) refused that leaf as "illegal padding". 4 096 draws find it all but surely.
+  let bad = 0;
+  for (let i = 0; i < 4096; i++) {
+    const first = new Uint8Array(serial().valueBlock.valueHexView)[0] as number;
+    if (first === 0 || first >= 0x80) bad += 1;
+  }
+  t.equal(bad, 0, 'every first byte in 0x01..0x7f');
 });
 
 t.test('a leaf: for exactly one host, short-lived, signed by the CA', async (t) => {
