@@ -43,16 +43,16 @@ export interface LinkBenchOptions {
   renewConcurrency?: number;
 }
 
-interface Spread {
+export interface Spread {
   n: number;
   p50: number;
   p99: number;
   max: number;
 }
 
-function spread(values: number[]): Spread {
+/** p50/p99/max of `values`, rounded to a tenth (or as `r` rounds). */
+export function spread(values: number[], r = (x: number): number => Math.round(x * 10) / 10): Spread {
   const s = [...values].sort((a, b) => a - b);
-  const r = (x: number): number => Math.round(x * 10) / 10;
   return { n: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.at(-1) ?? NaN) };
 }
 

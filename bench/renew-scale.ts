@@ -24,8 +24,7 @@ import { join } from 'node:path';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { DEFAULT_CLI } from './lib/paths.js';
 import { cpuMicros, freePort, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
-import { percentile } from './lib/stats.js';
-import { appliedVersion, okUpstream, peakRssBytes, status, until } from './link.js';
+import { appliedVersion, okUpstream, peakRssBytes, spread as spreadOf, status, until, type Spread } from './link.js';
 
 const peakRssMiB = (pid: number): number => Math.round(peakRssBytes(pid) / MiB);
 
@@ -45,18 +44,7 @@ export interface RenewScaleOptions {
   renewConcurrency?: number;
 }
 
-interface Spread {
-  n: number;
-  p50: number;
-  p99: number;
-  max: number;
-}
-
-function spread(values: number[]): Spread {
-  const s = [...values].sort((a, b) => a - b);
-  const r = (x: number): number => Math.round(x);
-  return { n: s.length, p50: r(percentile(s, 50)), p99: r(percentile(s, 99)), max: r(s.at(-1) ?? NaN) };
-}
+const spread = (values: number[]): Spread => spreadOf(values, Math.round);
 
 
 

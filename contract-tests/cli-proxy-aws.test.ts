@@ -14,7 +14,7 @@ import t from 'tap';
 import { ensureAgentUser, runAsAgent, snapshotProcsOf, type AgentRunResult, type ProcSnapshot } from '../test/support/agent-user.js';
 import { knownSecrets, leakedSecrets, startCli, writeToken } from '../test/support/cli-proc.js';
 import { startProxy } from '../test/support/proxy-rig.js';
-import { verifySigV4 } from '../test/support/sigv4-verify.js';
+import { decodeAwsChunked, verifySigV4 } from '../test/support/sigv4-verify.js';
 import { issueServerCert, makeTestCa, tlsLabDirs } from '../test/support/test-ca.js';
 import { whenRootWithTools } from '../test/tools/prerequisite.js';
 
@@ -43,21 +43,6 @@ interface Seen {
   body: Buffer;
   verdict: string;
   snapshot: ProcSnapshot[];
-}
-
-/** aws-chunked with unsigned chunks (and a trailer): the object's bytes. */
-function decodeAwsChunked(body: Buffer): Buffer {
-  const parts: Buffer[] = [];
-  let at = 0;
-  for (;;) {
-    const eol = body.indexOf('\r\n', at);
-    if (eol === -1) throw new Error('aws-chunked: no chunk header');
-    const size = parseInt(body.subarray(at, eol).toString('latin1').split(';')[0] as string, 16);
-    at = eol + 2;
-    if (size === 0) return Buffer.concat(parts);
-    parts.push(body.subarray(at, at + size));
-    at += size + 2;
-  }
 }
 
 /** One https server for every host, its certificate from the test's own CA; S3 and STS as far as the CLI calls them. */

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { verifySigV4 } from '../../test/support/sigv4-verify.js';
+import { decodeAwsChunked, verifySigV4 } from '../../test/support/sigv4-verify.js';
 
 /**
  * A fake S3 and STS for the CLI gate's AWS-signing cases (aws, s3cmd, rclone), as far as
@@ -25,20 +25,6 @@ export interface FakeS3 {
   objects: Map<string, Buffer>;
 }
 
-/** aws-chunked with unsigned chunks (and a trailer): the object's bytes. */
-export function decodeAwsChunked(body: Buffer): Buffer {
-  const parts: Buffer[] = [];
-  let at = 0;
-  for (;;) {
-    const eol = body.indexOf('\r\n', at);
-    if (eol === -1) throw new Error('aws-chunked: no chunk header');
-    const size = parseInt(body.subarray(at, eol).toString('latin1').split(';')[0] as string, 16);
-    at = eol + 2;
-    if (size === 0) return Buffer.concat(parts);
-    parts.push(body.subarray(at, at + size));
-    at += size + 2;
-  }
-}
 
 const xmlEscape = (s: string): string => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 const md5 = (b: Buffer): string => createHash('md5').update(b).digest('hex');

@@ -78,3 +78,18 @@ export function verifySigV4(req: SignedRequest, accessKeyId: string, secretAcces
   if (createHmac('sha256', key).update(toSign).digest('hex') !== signature) return 'signature does not match';
   return { accessKeyId: keyId, region, service, signedHeaders: names };
 }
+
+/** aws-chunked with unsigned chunks (and a trailer): the object's bytes. */
+export function decodeAwsChunked(body: Buffer): Buffer {
+  const parts: Buffer[] = [];
+  let at = 0;
+  for (;;) {
+    const eol = body.indexOf('\r\n', at);
+    if (eol === -1) throw new Error('aws-chunked: no chunk header');
+    const size = parseInt(body.subarray(at, eol).toString('latin1').split(';')[0] as string, 16);
+    at = eol + 2;
+    if (size === 0) return Buffer.concat(parts);
+    parts.push(body.subarray(at, at + size));
+    at += size + 2;
+  }
+}
