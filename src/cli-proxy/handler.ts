@@ -185,6 +185,17 @@ function routePath(deps: CliProxyDeps, req: IncomingMessage, res: ServerResponse
   return { name: r.provider, provider, upstream: provider.upstream, rest: r.rest, search: r.search, proxyBase: `http://${req.headers.host ?? ''}/p/${r.provider}` };
 }
 
+/** port → provider, once per catalog in force (a reload makes a new object), not per request. */
+const portMaps = new WeakMap<Catalog, Map<number, string>>();
+function portsOf(catalog: Catalog): Map<number, string> {
+  let map = portMaps.get(catalog);
+  if (map === undefined) {
+    map = providerPorts(catalog);
+    portMaps.set(catalog, map);
+  }
+  return map;
+}
+
 /**
  * A provider port: every path is the provider's, with no `/p/<provider>` prefix (for a
  * CLI that drops the base URL's path). The catalog is asked per request, so a port the
@@ -195,7 +206,7 @@ function routePort(deps: CliProxyDeps, req: IncomingMessage, port: number, rec: 
   if (!target.startsWith('/')) throw new AppError('not_found');
   const q = target.indexOf('?');
   const providers = deps.catalog.current.value;
-  const name = providerPorts(providers).get(port);
+  const name = portsOf(providers).get(port);
   const provider = name === undefined ? undefined : providers[name];
   if (name === undefined || provider?.upstream === undefined) throw new AppError('unknown_provider');
   rec.provider = name;
