@@ -46,6 +46,7 @@ export const heroku: CliCase = {
     { script: 'heroku auth:whoami', expect: /^ops@acme\.example$/m },
   ],
   command: 'heroku apps and auth:whoami',
-  // No telemetry, no update check (oclif asks the npm registry).
-  env: { DISABLE_TELEMETRY: 'true', HEROKU_SKIP_NEW_VERSION_CHECK: 'true' },
+  // No telemetry, no update check (oclif asks the npm registry), and no autoupdate: oclif's
+  // init hook otherwise leaves a detached `heroku update --autoupdate` running as the agent.
+  env: { DISABLE_TELEMETRY: 'true', HEROKU_SKIP_NEW_VERSION_CHECK: 'true', HEROKU_DISABLE_AUTOUPDATE: '1' },
 };
