@@ -28,11 +28,30 @@ function rotate<T>(xs: readonly T[], k: number): T[] {
   return [...xs.slice(s), ...xs.slice(0, s)];
 }
 
+/**
+ * Each stream's event interval: `--sse-interval-ms` up to 32 streams, then longer so the
+ * whole run carries 32 streams' event rate (3 200 events/s at 10 ms). At 256 streams × 10 ms
+ * the 2-core machine (upstream, proxy and client all Node) would saturate, and the figure
+ * would be queueing, not what one event costs with many streams open.
+ */
+export function sseIntervalFor(opts: BenchOptions, streams: number): number {
+  return Math.round(opts.sseIntervalMs * Math.max(1, streams / 32));
+}
+
+function sseCountFor(opts: BenchOptions, interval: number): number {
+  return SSE_WARM_EVENTS + Math.round((opts.sseSeconds * 1000) / interval);
+}
+
 export function endpointsFor(opts: BenchOptions): Record<string, string> {
-  const sseCount = SSE_WARM_EVENTS + Math.round((opts.sseSeconds * 1000) / opts.sseIntervalMs);
+  const sse = Object.fromEntries(
+    opts.sseStreams.map((s) => {
+      const interval = sseIntervalFor(opts, s);
+      return [`sse${s}`, `/sse?interval=${interval}&count=${sseCountFor(opts, interval)}&pad=100`];
+    }),
+  );
   return {
     json: '/mcp',
-    sse: `/sse?interval=${opts.sseIntervalMs}&count=${sseCount}&pad=100`,
+    ...sse,
     sseWarm: '/sse?interval=5&count=20&pad=100',
     bigWarm: `/big?bytes=${16 * MiB}`,
     big: `/big?bytes=${Math.round(opts.bigMiB * MiB)}`,
@@ -77,10 +96,9 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
   const work = newWorkDir();
   const script = writeWrkScript(work);
   const upstream = await startUpstream(peers.length);
-  const sseCount = SSE_WARM_EVENTS + Math.round((opts.sseSeconds * 1000) / opts.sseIntervalMs);
   const reps: RepResult[] = [];
-  // The floor proxy is a yardstick for CPU and latency; it has no memory figures to give.
-  const proxyOnly = (ps: Peer[]): Peer[] => ps.filter((p) => p.name !== 'direct' && p.name !== 'forwarder-warn' && p.name !== 'node-floor');
+  // The floor proxy's memory figures are the least a Node proxy holds: the yardstick for ours.
+  const proxyOnly = (ps: Peer[]): Peer[] => ps.filter((p) => p.name !== 'direct' && p.name !== 'forwarder-warn');
   const notWarn = (ps: Peer[]): Peer[] => ps.filter((p) => p.name !== 'forwarder-warn');
 
   const jsonLoad = (p: Peer, c: number, seconds: number): Promise<WrkResult> =>
@@ -117,7 +135,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
       log(`repetition ${rep + 1}/${opts.reps}: starting ${peers.join(', ')}`);
       const running: Peer[] = [];
       for (const [i, name] of peers.entries()) {
-        running.push(await startPeer(name, { cli: opts.cli, upstreamPort: upstream.ports[i] as number, endpoints, workDir: work }));
+        running.push(await startPeer(name, { cli: opts.cli, baseCli: opts.baseCli, upstreamPort: upstream.ports[i] as number, endpoints, workDir: work }));
       }
       let param = 0;
       const order = (ps: Peer[]): Peer[] => rotate(ps, rep + param++);
@@ -127,7 +145,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
        */
       const fresh = async (p: Peer): Promise<Peer> => {
         await p.stop();
-        const q = await startPeer(p.name, { cli: opts.cli, upstreamPort: p.upstreamPort, endpoints, workDir: work });
+        const q = await startPeer(p.name, { cli: opts.cli, baseCli: opts.baseCli, upstreamPort: p.upstreamPort, endpoints, workDir: work });
         running[running.indexOf(p)] = q;
         return q;
       };
@@ -135,7 +153,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
         // Warm-up: connections, JIT, buffers; nothing recorded.
         for (const p of running) {
           await attempt(`warm-up ${p.name}`, async () => {
-            await jsonLoad(p, 16, Math.min(1, opts.seconds));
+            if (opts.concurrency.length > 0) await jsonLoad(p, 16, Math.min(1, opts.seconds));
             await measureSse(p.url('sseWarm'), 1, 20, 0);
             await slowRead({ url: p.url('bigWarm'), bytes: 16 * MiB, bytesPerSec: 1e12, pids: p.pids(), verify: false });
           });
@@ -164,9 +182,12 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
           const row: RepResult['sse'][string] = (result.sse[String(s)] = {});
           for (const p of ps) {
             await attempt(`sse ${s} ${p.name}`, async () => {
-              const r = await measureSse(p.url('sse'), s, sseCount, SSE_WARM_EVENTS);
+              const r = await measureSse(p.url(`sse${s}`), s, sseCountFor(opts, sseIntervalFor(opts, s)), SSE_WARM_EVENTS, p.pids());
               row[p.name] = r;
-              log(`  sse ${s} stream(s) ${p.name}: p50 ${r.p50Us.toFixed(0)} µs, p99 ${r.p99Us.toFixed(0)} µs over ${r.events} events${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`);
+              log(
+                `  sse ${s} stream(s) ${p.name}: p50 ${r.p50Us.toFixed(0)} µs, p99 ${r.p99Us.toFixed(0)} µs over ${r.events} events` +
+                  `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
+              );
             });
           }
         }

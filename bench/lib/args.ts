@@ -3,7 +3,7 @@ import { ALL_PEERS, type PeerName } from './peers.js';
 import { DEFAULT_CLI } from './paths.js';
 
 export interface BenchOptions {
-  mode: 'full' | 'quick' | 'smoke' | 'profile' | 'rotation' | 'link';
+  mode: 'full' | 'quick' | 'streams' | 'smoke' | 'profile' | 'rotation' | 'link';
   reps: number;
   /** wrk duration per (concurrency, peer), seconds. */
   seconds: number;
@@ -19,12 +19,19 @@ export interface BenchOptions {
   install: boolean;
   docs: boolean;
   cli: string;
+  /** A second CLI run as the peer `forwarder-base`, interleaved with the forwarder (`--base-cli`). */
+  baseCli: string | undefined;
   out: string | undefined;
 }
 
 export const USAGE = `usage: npm run bench -- [options]
   (default)              full run: every peer, every measurement, --reps repetitions
   --quick                short run (1 repetition, short durations, fewer idle streams)
+  --streams              only the stream scenarios (SSE latency at 1, 32, 256 streams, time
+                         to headers, the slow reader, idle streams), node-floor included;
+                         with --quick: short durations and 200/1000 idle streams
+  --base-cli PATH        also run PATH's forwarder as the peer forwarder-base, interleaved
+                         with the forwarder (an A/B of two builds in one run)
   --smoke                a few seconds against the forwarder only, no nginx/wrk; exits 1
                          if a behaviour check fails (ordering, byte counts, flat memory)
   --profile              CPU-profile the forwarder under wrk load and print where the time goes
@@ -63,7 +70,8 @@ export const USAGE = `usage: npm run bench -- [options]
   --concurrency 1,16,64  wrk connections
   --peers LIST           subset of ${ALL_PEERS.join(',')}
   --sse-seconds S        duration of each SSE latency run (default 4)
-  --sse-interval-ms MS   per-stream event interval (default 10)
+  --sse-interval-ms MS   per-stream event interval at up to 32 streams (default 10); above 32
+                         streams it grows with the count, keeping 32 streams' event rate
   --big-mib N            size of the large body (default 200)
   --big-rate-mib N       pace of the slow reader, MiB/s (default 10)
   --idle 1000,10000      idle SSE stream counts
@@ -104,23 +112,28 @@ export function parseArgs(argv: string[]): BenchOptions {
   const flags = new Set(argv.filter((a) => a.startsWith('--')));
   const { value, num } = optionReader(argv);
   const known = new Set([
-    'quick', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
+    'quick', 'streams', 'base-cli', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
     'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
   ]);
   for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
-  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--link') ? 'link' : flags.has('--quick') ? 'quick' : 'full';
-  const quick = mode === 'quick';
-  const peers = (value('peers')?.split(',') ?? [...ALL_PEERS]).map((p) => {
+  const mode = flags.has('--smoke') ? 'smoke' : flags.has('--profile') ? 'profile' : flags.has('--rotation') ? 'rotation' : flags.has('--link') ? 'link' : flags.has('--streams') ? 'streams' : flags.has('--quick') ? 'quick' : 'full';
+  const quick = mode === 'quick' || (mode === 'streams' && flags.has('--quick'));
+  const baseCli = value('base-cli');
+  // The stream scenarios have no use for the warn-level forwarder (it differs in the access line only).
+  const defaultPeers = mode === 'streams' ? ALL_PEERS.filter((p) => p !== 'forwarder-warn') : [...ALL_PEERS];
+  const peers = (value('peers')?.split(',') ?? defaultPeers).map((p) => {
     if (!(ALL_PEERS as readonly string[]).includes(p)) throw new Error(`unknown peer ${p} (known: ${ALL_PEERS.join(', ')})`);
     return p as PeerName;
   });
+  if (baseCli !== undefined && !peers.includes('forwarder-base')) peers.splice(peers.indexOf('forwarder') + 1, 0, 'forwarder-base');
   return {
     mode,
     reps: num('reps', quick ? 1 : 3),
     seconds: num('seconds', quick ? 1 : 4),
-    concurrency: list(value('concurrency') ?? '1,16,64'),
+    // The stream scenarios alone leave the JSON test out.
+    concurrency: mode === 'streams' ? [] : list(value('concurrency') ?? '1,16,64'),
     peers,
-    sseStreams: [1, 32],
+    sseStreams: [1, 32, 256],
     sseSeconds: num('sse-seconds', quick ? 1 : 4),
     sseIntervalMs: num('sse-interval-ms', 10),
     bigMiB: num('big-mib', quick ? 32 : 200),
@@ -130,6 +143,7 @@ export function parseArgs(argv: string[]): BenchOptions {
     install: !flags.has('--no-install'),
     docs: flags.has('--docs') || (mode === 'full' && !flags.has('--no-docs')),
     cli: value('cli') ?? DEFAULT_CLI,
+    baseCli,
     out: value('out'),
   };
 }

@@ -13,7 +13,9 @@ import { FLOOR_PROXY_JS } from './paths.js';
 import { freePort, NOFILE, spawnTracked, stopChild, waitForPort } from './proc.js';
 
 export const ALL_PEERS = ['direct', 'nginx', 'node-floor', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
-export type PeerName = (typeof ALL_PEERS)[number];
+/** Peers run only when asked for: `forwarder-base` is another build's forwarder (`--base-cli`). */
+export const OPTIONAL_PEERS = ['forwarder-base'] as const;
+export type PeerName = (typeof ALL_PEERS)[number] | (typeof OPTIONAL_PEERS)[number];
 
 /** Named upstream resources; each peer maps them to its own URL (the forwarder: one binding each). */
 export type Endpoints = Record<string, string>;
@@ -49,6 +51,8 @@ export interface PeerStartOptions {
   extraArgs?: string[];
   /** The Node floor reads its token from a file on every request, as a secret-holding proxy must (default: a fixed header). */
   floorReadsToken?: boolean;
+  /** The CLI of the `forwarder-base` peer. */
+  baseCli?: string | undefined;
   workDir: string;
 }
 
@@ -140,6 +144,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':
+    case 'forwarder-base':
     case 'forwarder-warn': {
       const fdir = join(dir, 'mcp-forwarder');
       mkdirSync(fdir, { recursive: true, mode: 0o700 });
@@ -149,8 +154,10 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
         Object.keys(endpoints).map((e) => [bindingIdFor(e), { instanceId: `bench-${e}`, upstreamUrl: `${up}${endpointPath(endpoints, e)}`, tokenFile }]),
       );
       writeFileSync(join(fdir, 'instances.json'), JSON.stringify(instances, null, 2), { mode: 0o600 });
-      const level = name === 'forwarder' ? 'info' : 'warn';
-      const proc = await startNode(opts, dir, ['forwarder', '--state-dir', dir, '--log-level', level, ...(opts.extraArgs ?? [])]);
+      const level = name === 'forwarder-warn' ? 'warn' : 'info';
+      if (name === 'forwarder-base' && opts.baseCli === undefined) throw new Error('forwarder-base needs --base-cli');
+      const cli = name === 'forwarder-base' ? (opts.baseCli as string) : opts.cli;
+      const proc = await startNode({ ...opts, cli }, dir, ['forwarder', '--state-dir', dir, '--log-level', level, ...(opts.extraArgs ?? [])]);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => {
         endpointPath(endpoints, e);
         return `/i/${bindingIdFor(e)}/mcp`;

@@ -4,6 +4,7 @@
  * the upstream sends event n+1 only after the client acknowledged event n).
  */
 import { request, type IncomingMessage } from 'node:http';
+import { cpuMicros, sumOver } from './proc.js';
 import { percentile } from './stats.js';
 import { sseEventText, type SseEvent } from './wire.js';
 
@@ -52,15 +53,22 @@ export interface SseLatency {
   p99Us: number;
   /** Events out of sequence or missing (should be 0). */
   disorder: number;
+  /**
+   * The proxy's CPU (all of `pids`) over the whole run, stream set-up included, per event
+   * received: steadier than latency on a loaded machine. Absent without pids.
+   */
+  cpuUsPerEvent?: number;
 }
 
 /**
  * Opens `streams` SSE streams at once; each yields `count` events. The first `warm`
  * events of each stream are not counted (connection set-up, JIT).
  */
-export async function measureSse(url: string, streams: number, count: number, warm: number): Promise<SseLatency> {
+export async function measureSse(url: string, streams: number, count: number, warm: number, pids: readonly number[] = []): Promise<SseLatency> {
   const lat: number[] = [];
   let disorder = 0;
+  let received = 0;
+  const cpu0 = sumOver(pids, cpuMicros);
   const responses = await Promise.all(Array.from({ length: streams }, () => openStream(url)));
   await Promise.all(
     responses.map(
@@ -71,6 +79,7 @@ export async function measureSse(url: string, streams: number, count: number, wa
           res.on(
             'data',
             eventSplitter(({ event, recvNs }) => {
+              received++;
               if (event.n !== expect) disorder++;
               expect = event.n + 1;
               if (event.n >= warm) lat.push(Number(recvNs - BigInt(event.t)) / 1000);
@@ -84,8 +93,11 @@ export async function measureSse(url: string, streams: number, count: number, wa
         }),
     ),
   );
+  const cpu = sumOver(pids, cpuMicros) - cpu0;
   lat.sort((a, b) => a - b);
-  return { streams, events: lat.length, p50Us: percentile(lat, 50), p99Us: percentile(lat, 99), disorder };
+  const out: SseLatency = { streams, events: lat.length, p50Us: percentile(lat, 50), p99Us: percentile(lat, 99), disorder };
+  if (pids.length > 0 && received > 0) out.cpuUsPerEvent = cpu / received;
+  return out;
 }
 
 export interface SseOrderCheck {
