@@ -126,9 +126,16 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
 
   deps.observer?.answering(res, head.headers['content-type']);
   const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), tokenNeedles(token), rec, deps.log);
-  const outcome = await call.pipe(head.statusCode, headers);
-  rec.bytesOut = call.bytesOut;
-  if (outcome !== 'ok') rec.outcome = outcome;
+  // Returned, not awaited: a stream can stay open for hours, and a suspended `handle`
+  // would hold its whole frame (request headers, token, the upstream's head) meanwhile.
+  return streamAnswer(call, head.statusCode, headers, rec);
+}
+
+function streamAnswer(call: UpstreamCall, statusCode: number, headers: HeaderRecord, rec: AccessRecord): Promise<void> {
+  return call.pipe(statusCode, headers).then((outcome) => {
+    rec.bytesOut = call.bytesOut;
+    if (outcome !== 'ok') rec.outcome = outcome;
+  });
 }
 
 function send(

@@ -62,8 +62,9 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   private failed = false;
   private wrote = false;
   private discarded = 0;
-  private resolveHead!: (head: UpstreamHead) => void;
-  private rejectHead!: (err: unknown) => void;
+  // Dropped once the head is settled: a stream holds its call for hours.
+  private resolveHead: ((head: UpstreamHead) => void) | undefined;
+  private rejectHead: ((err: unknown) => void) | undefined;
   private settle: ((outcome: StreamOutcome) => void) | undefined;
 
   // Either the agent left, or the caller answered it without this call (an error found
@@ -92,7 +93,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
       this.clientGone = true;
       this.abandoned = true;
       this.state = 'done';
-      this.rejectHead(new ClientGoneError());
+      this.failHead(new ClientGoneError());
       return;
     }
     res.once('close', this.onClose);
@@ -103,7 +104,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
       );
     } catch (err) {
       this.finish();
-      this.rejectHead(mapUpstreamError(err, false));
+      this.failHead(mapUpstreamError(err, false));
     }
   }
 
@@ -116,7 +117,15 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: UpstreamHead['headers']): void {
     if (statusCode < 200) return; // informational; the final answer follows
     this.state = 'head';
-    this.resolveHead({ statusCode, headers });
+    const resolve = this.resolveHead;
+    this.resolveHead = this.rejectHead = undefined;
+    resolve?.({ statusCode, headers });
+  }
+
+  private failHead(err: unknown): void {
+    const reject = this.rejectHead;
+    this.resolveHead = this.rejectHead = undefined;
+    reject?.(err);
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
@@ -158,7 +167,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
     switch (this.state) {
       case 'waiting':
         this.finish();
-        this.rejectHead(mapUpstreamError(err, this.clientGone));
+        this.failHead(mapUpstreamError(err, this.clientGone));
         return;
       case 'piping':
         if (!this.clientGone) this.res.destroy();
