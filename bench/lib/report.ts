@@ -222,8 +222,10 @@ export function renderMarkdown(res: BenchResults): string {
       `${m.cpuModel}, ${m.cores} cores, ${m.memGiB} GiB, ${m.os}, kernel ${m.kernel}, Node ${m.node}, nginx ${m.nginx ?? 'absent'}, wrk ${m.wrk ?? 'absent'}; ` +
       `load average at start ${m.loadAvgAtStart.join(' / ')}; commit ${m.commit ?? '?'}${m.srcDirty ? ' with uncommitted changes in src/' : ''}.`,
     '',
-    `Each figure is the median over repetitions with the (min–max) range; ratios and differences are taken within a repetition first. ` +
-      `Load generator for the JSON test: ${res.loadGenerator === 'wrk' ? 'wrk, 1 thread' : 'the Node load loop (wrk missing)'}; ${o.seconds} s per concurrency and peer.`,
+    `Each figure is the median over repetitions with the (min–max) range; ratios and differences are taken within a repetition first.` +
+      (o.concurrency.length === 0
+        ? ''
+        : ` Load generator for the JSON test: ${res.loadGenerator === 'wrk' ? 'wrk, 1 thread' : 'the Node load loop (wrk missing)'}; ${o.seconds} s per concurrency and peer.`),
   );
   for (const n of res.notes) lines.push('', `> ${n}`);
   lines.push('', '### Targets', '');
@@ -240,7 +242,9 @@ export function renderMarkdown(res: BenchResults): string {
     lines.push(`| ${t.target} | ${t.threshold} | ${cells.join(' | ')} | ${t.reference} |`);
   }
 
-  lines.push('', `### 1 KB JSON POST (${res.loadGenerator})`, '', '| concurrency | peer | req/s | p50 ms | p99 ms | proxy CPU µs/req |', '|---|---|---|---|---|---|');
+  if (o.concurrency.length > 0) {
+    lines.push('', `### 1 KB JSON POST (${res.loadGenerator})`, '', '| concurrency | peer | req/s | p50 ms | p99 ms | proxy CPU µs/req |', '|---|---|---|---|---|---|');
+  }
   for (const c of o.concurrency) {
     for (const p of peers) {
       const f = figures.wrk[String(c)]?.[p];
