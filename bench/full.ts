@@ -84,8 +84,9 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
   const capped = opts.idleStreams.filter((n) => n > MAX_PROXY_STREAMS);
   if (capped.length) {
     notes.push(
-      `RLIMIT_NOFILE here is ${NOFILE} and cannot be raised (no CAP_SYS_RESOURCE); a proxy holds two sockets per stream and nginx ` +
-        `starts dropping new connections with fewer than 1/16 of its worker_connections free, so ` +
+      `RLIMIT_NOFILE here is ${NOFILE} and cannot be raised (no CAP_SYS_RESOURCE); a proxy holds two sockets per stream, nginx ` +
+        `starts dropping new connections with fewer than 1/16 of its worker_connections free, and the forwarder and cli-proxy ` +
+        `answer 503 past (limit − limit/8) / 2 connections, so ` +
         `${capped.map((n) => n.toLocaleString('en-US')).join(', ')} idle streams were measured as ${MAX_PROXY_STREAMS.toLocaleString('en-US')}.`,
     );
     log(notes[notes.length - 1] as string);

@@ -65,7 +65,11 @@ export const NOFILE = Math.min(65_536, nofileLimits().hard);
  * free, closes connections still waiting for their request line ("worker_connections are
  * not enough, reusing connections"): stay below 15/16.
  */
-export const MAX_PROXY_STREAMS = Math.floor(((NOFILE * 15) / 16 - 64) / 2);
+export const MAX_PROXY_STREAMS = Math.min(
+  Math.floor(((NOFILE * 15) / 16 - 64) / 2),
+  // The proxies' own connection cap (src/http/peer-limits.ts): past it they answer 503.
+  Math.floor((NOFILE - Math.max(128, Math.floor(NOFILE / 8))) / 2),
+);
 
 let prlimitOk: boolean | undefined;
 function hasPrlimit(): boolean {
