@@ -155,15 +155,9 @@ function send(
   body: Buffer,
   token: string,
 ): UpstreamCall {
-  return new UpstreamCall(
-    deps.agent,
-    {
-      target: targetOf(binding),
-      method,
-      headers: { ...baseHeaders, authorization: `Bearer ${token}` },
-      body: body.length > 0 ? body : null,
-    },
-    res,
-  );
+  // The same record for a retry, its token replaced: undici serialises the headers when
+  // the request is dispatched, so an earlier attempt never sees the change.
+  baseHeaders.authorization = `Bearer ${token}`;
+  return new UpstreamCall(deps.agent, { target: targetOf(binding), method, headers: baseHeaders, body: body.length > 0 ? body : null }, res);
 }
 
