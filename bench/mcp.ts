@@ -30,7 +30,8 @@ import { analyseProfile, renderProfile } from './profile.js';
 import { machineInfo, type MachineInfo } from './lib/tools.js';
 
 export const MCP_PEERS = ['direct', 'node-floor', 'forwarder', 'cli-proxy', 'mcp-remote', 'supergateway'] as const;
-export type McpPeerName = (typeof MCP_PEERS)[number];
+/** `forwarder-base`: the forwarder of another build (`--mcp-base-cli`), run beside this one to measure a change. */
+export type McpPeerName = (typeof MCP_PEERS)[number] | 'forwarder-base';
 export const FRAMINGS = ['sse', 'json'] as const;
 export type Framing = (typeof FRAMINGS)[number];
 export const PATTERNS = { serial: 1, c8: 8 } as const;
@@ -52,6 +53,8 @@ export interface McpBenchOptions {
   /** Run the forwarder with `--cpu-prof` and print where its CPU goes. */
   profile: boolean;
   cli: string;
+  /** Another build's dist/cli.js: its forwarder joins the run as `forwarder-base`. */
+  baseCli?: string | undefined;
   out: string | undefined;
 }
 
@@ -62,6 +65,8 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-batch N          (with --mcp) calls per interleaved batch (default 500)
   --mcp-peers LIST       (with --mcp) subset of ${MCP_PEERS.join(',')}
   --mcp-profile          (with --mcp) the forwarder runs with --cpu-prof; prints where its CPU goes
+  --mcp-base-cli FILE    (with --mcp) another build's dist/cli.js: its forwarder runs beside this
+                         one as peer forwarder-base (a change measured before/after in one run)
   --install-peers        only install the pinned npm peers (${Object.entries(NPM_PEERS)
     .map(([n, v]) => `${n}@${v}`)
     .join(', ')}) into the cache, then exit`;
@@ -69,11 +74,14 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
 export function parseMcpArgs(argv: string[]): McpBenchOptions {
   const { value, num: n } = optionReader(argv);
   const num = (name: string, def: number): number => Math.ceil(n(name, def));
+  const baseCli = value('mcp-base-cli');
+  const known: readonly string[] = baseCli ? [...MCP_PEERS, 'forwarder-base'] : MCP_PEERS;
   const peers = (value('mcp-peers')?.split(',') ?? [...MCP_PEERS]).map((p) => {
-    if (!(MCP_PEERS as readonly string[]).includes(p)) throw new Error(`unknown MCP peer ${p} (known: ${MCP_PEERS.join(', ')})`);
+    if (!known.includes(p)) throw new Error(`unknown MCP peer ${p} (known: ${known.join(', ')})`);
     return p as McpPeerName;
   });
   if (!peers.includes('direct')) peers.unshift('direct');
+  if (baseCli && !peers.includes('forwarder-base')) peers.splice(peers.indexOf('forwarder') + 1 || peers.length, 0, 'forwarder-base');
   const calls = num('mcp-calls', 3_000);
   return {
     calls,
@@ -84,6 +92,7 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     docs: argv.includes('--docs'),
     profile: argv.includes('--mcp-profile'),
     cli: value('cli') ?? DEFAULT_CLI,
+    baseCli: baseCli && resolve(baseCli),
     out: value('out'),
   };
 }
@@ -148,6 +157,7 @@ async function startRoutes(
   server: McpServerProc,
   work: string,
   cli: string,
+  baseCli: string | undefined,
   bins: NpmPeerBins | undefined,
   log: (s: string) => void,
   profDir: string | undefined,
@@ -179,9 +189,11 @@ async function startRoutes(
           break;
         case 'node-floor':
         case 'forwarder':
+        case 'forwarder-base':
         case 'cli-proxy': {
-          const peer: Peer = await startPeer(name, {
-            cli,
+          if (name === 'forwarder-base' && !baseCli) throw new Error('peer forwarder-base needs --mcp-base-cli');
+          const peer: Peer = await startPeer(name === 'forwarder-base' ? 'forwarder' : name, {
+            cli: name === 'forwarder-base' ? (baseCli as string) : cli,
             upstreamPort: server.ports[i] as number,
             endpoints: { sse: '/sse', json: '/json' },
             workDir: work,
@@ -459,7 +471,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
     const profDir = opts.profile ? join(work, 'prof') : undefined;
     if (profDir) mkdirSync(profDir);
-    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, bins, log, profDir);
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);

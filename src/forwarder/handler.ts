@@ -4,7 +4,7 @@ import type { HotFile } from '../config/hot-file.js';
 import { AppError, ClientGoneError } from '../errors.js';
 import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
 import { readBody } from '../http/request-body.js';
-import { tokenNeedles, withoutReflectedToken } from '../http/token-reflection.js';
+import { tokenNeedles, withoutReflectedToken, type TokenNeedles } from '../http/token-reflection.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
 import { UpstreamCall, upstreamTarget, type UpstreamTarget } from '../http/upstream-call.js';
 import { bindingPrefix, type Binding, type InstancesFile } from '../data/registry.js';
@@ -38,6 +38,21 @@ function targetOf(binding: Binding): UpstreamTarget {
     targets.set(binding, target);
   }
   return target;
+}
+
+/**
+ * Each binding's needles for the token it last used: a token changes at renewal, not per
+ * request, and deriving its base64 spellings cost more than the header check itself.
+ */
+const needles = new WeakMap<Binding, TokenNeedles>();
+
+function needlesOf(binding: Binding, token: string): TokenNeedles {
+  let n = needles.get(binding);
+  if (n?.token !== token) {
+    n = tokenNeedles(token);
+    needles.set(binding, n);
+  }
+  return n;
 }
 
 async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> {
@@ -125,7 +140,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   }
 
   deps.observer?.answering(res, head.headers['content-type']);
-  const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), tokenNeedles(token), rec, deps.log);
+  const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), needlesOf(binding, token), rec, deps.log);
   // Returned, not awaited: a stream can stay open for hours, and a suspended `handle`
   // would hold its whole frame (request headers, token, the upstream's head) meanwhile.
   return streamAnswer(call, head.statusCode, headers, rec);
@@ -147,15 +162,9 @@ function send(
   body: Buffer,
   token: string,
 ): UpstreamCall {
-  return new UpstreamCall(
-    deps.agent,
-    {
-      target: targetOf(binding),
-      method,
-      headers: { ...baseHeaders, authorization: `Bearer ${token}` },
-      body: body.length > 0 ? body : null,
-    },
-    res,
-  );
+  // The same record for a retry, its token replaced: undici serialises the headers when
+  // the request is dispatched, so an earlier attempt never sees the change.
+  baseHeaders.authorization = `Bearer ${token}`;
+  return new UpstreamCall(deps.agent, { target: targetOf(binding), method, headers: baseHeaders, body: body.length > 0 ? body : null }, res);
 }
 

@@ -13,7 +13,7 @@ import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import { UpstreamGuard } from './upstream-guard.js';
 import type { ListenAddress } from './loopback.js';
-import type { PipelineDeps, RequestObserver } from './request-pipeline.js';
+import type { Admission, PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen, refuseConnection } from './server.js';
 import { PeerLimits, resolvePeerLimits, UNKNOWN_PEER, type PeerLimitFlags } from './peer-limits.js';
 import { SideListeners } from './side-listeners.js';
@@ -168,13 +168,17 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
     refused.add(socket);
     if (!socket.destroyed) refuseConnection(socket, err);
   };
-  const admit = async (req: IncomingMessage, res: ServerResponse): Promise<AppError | 'answered' | undefined> => {
-    if (refused.has(req.socket)) return 'answered';
-    if (!readUids) return undefined;
+  const admitByUid = async (req: IncomingMessage, res: ServerResponse): Promise<Admission> => {
     const uid = (await uidOf.get(req.socket)) ?? UNKNOWN_PEER;
     // Refused meanwhile: the UID's connection count, known only now.
     if (refused.has(req.socket)) return 'answered';
     return limits.request(uid, res);
+  };
+  // Synchronous where nothing is to be waited for (no per-UID limits without the peer's UID).
+  const admit = (req: IncomingMessage, res: ServerResponse): Admission | Promise<Admission> => {
+    if (refused.has(req.socket)) return 'answered';
+    if (!readUids) return undefined;
+    return admitByUid(req, res);
   };
   // Created before the server so the handler can ask it; it binds only once the main port is up.
   let side: SideListeners | undefined;

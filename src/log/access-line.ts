@@ -28,10 +28,26 @@ export function accessLogFor(log: Logger): AccessLog {
     for (const key in fields) {
       const value = fields[key];
       if (value === undefined) continue;
-      line += `,${jsonString(key)}:${REDACTED.has(key) ? '"[redacted]"' : typeof value === 'string' ? jsonString(value) : jsonScalar(value)}`;
+      const prefix = keyPrefix(key);
+      line += prefix === REDACTED_KEY ? `,${jsonString(key)}:"[redacted]"` : `${prefix}${typeof value === 'string' ? jsonString(value) : jsonScalar(value)}`;
     }
     sink.writeBatched(`${line},"msg":"access"}\n`);
   };
+}
+
+/** Marks a key whose value is never written. */
+const REDACTED_KEY = '';
+/** `,"key":` per field name; the names are the record type's, a few dozen, so the cap is never the bound in practice. */
+const prefixes = new Map<string, string>();
+const MAX_PREFIXES = 256;
+
+function keyPrefix(key: string): string {
+  let prefix = prefixes.get(key);
+  if (prefix === undefined) {
+    prefix = REDACTED.has(key) ? REDACTED_KEY : `,${jsonString(key)}:`;
+    if (prefixes.size < MAX_PREFIXES) prefixes.set(key, prefix);
+  }
+  return prefix;
 }
 
 /** Printable ASCII without a quote or a backslash: a string JSON would quote as it is. */
