@@ -139,7 +139,9 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
         rec.refused = origin.reason;
         throw new AppError('forbidden_origin');
       }
-      await route(req, res, rec);
+      // Returned, not awaited: a stream can stay open for hours, and a suspended frame here
+      // would hold the request's state for as long (docs/performance.md, idle streams).
+      return route(req, res, rec);
     };
     run().catch((err: unknown) => {
       if (err instanceof ClientGoneError) {

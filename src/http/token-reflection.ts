@@ -14,6 +14,12 @@ export interface TokenNeedles {
   readonly token: string;
   /** Base64 spellings: exact ones and the alignment-independent cores (see `base64Cores`). */
   readonly base64: readonly string[];
+  /**
+   * The same spellings lower-cased, for header names (which arrive lower-cased). Built
+   * once with the needles: a proxy that keeps its needles per token then pays nothing per
+   * answer for them.
+   */
+  readonly lowered?: { readonly token: string; readonly base64: readonly string[] };
 }
 
 /**
@@ -58,7 +64,8 @@ export function tokenNeedles(token: string, credentials: readonly string[] = [])
           return [b, b.replace(/=+$/, '')];
         });
   const urlSafe = standard.filter((s) => /[+/]/.test(s)).map((s) => s.replace(/\+/g, '-').replace(/\//g, '_'));
-  return { token, base64: [...new Set([...standard, ...urlSafe])].filter((s) => s.length > 0) };
+  const base64 = [...new Set([...standard, ...urlSafe])].filter((s) => s.length > 0);
+  return { token, base64, lowered: { token: token.toLowerCase(), base64: base64.map((b) => b.toLowerCase()) } };
 }
 
 /**
@@ -101,7 +108,7 @@ export function dropTokenHeaders(headers: Readonly<HeaderRecord>, needles: Token
   const out: HeaderRecord = {};
   const dropped: string[] = [];
   // Names arrive lower-cased: a token reflected into one is looked for the same way.
-  const lowered: TokenNeedles = { token: needles.token.toLowerCase(), base64: needles.base64.map((b) => b.toLowerCase()) };
+  const lowered: TokenNeedles = needles.lowered ?? { token: needles.token.toLowerCase(), base64: needles.base64.map((b) => b.toLowerCase()) };
   for (const [name, value] of Object.entries(headers)) {
     if (holdsToken(name, lowered)) {
       dropped.push(WITHHELD_NAME);
