@@ -186,7 +186,7 @@ function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly 
  * (only a new state revives it, as before).
  */
 async function healInForce(deps: ReconcileDeps, desired: DesiredState): Promise<void> {
-  const healed = await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false });
+  const healed = (await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false })).written;
   if (healed.length > 0) deps.log.warn({ slots: healed.length }, 'slot files of the state in force were missing or unreadable; written again');
   if (deps.renderShims) await deps.renderShims(toLocalConfig(desired, deps.layout).catalog);
 }
@@ -243,7 +243,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const plan = planReconcile(current, desired, deps.layout);
 
     // 1. new slots first: a binding in the registry always has a slot to renew it.
-    await ensureSlots(paths, plan.ensureSlots, current.slots);
+    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
     crashPoint('reconcile-after-slots');
     // 2. the registry and the catalog.
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
@@ -271,6 +271,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
         bindings: Object.keys(plan.instances).length,
         providers: Object.keys(plan.catalog).length,
         newSlots: plan.newSlots.length,
+        slotFilesRead: slotFiles.read,
         retiredSlots: plan.retireSlots.length,
         deletedTokenFiles: deleted,
       },
