@@ -68,12 +68,21 @@ export function describeIssues(error: z.ZodError, keyDepths: KeyDepths = [0]): s
  * messages and zod's default messages can both echo what they read).
  */
 export function parseJsonWith<T>(schema: z.ZodType<T>, text: string, keyDepths?: KeyDepths): ParseResult<T> {
-  let json: unknown;
+  const json = parseJsonText(text);
+  return json.ok ? checkWith(schema, json.value, keyDepths) : json;
+}
+
+/** JSON.parse without its message (V8's can quote the text). */
+export function parseJsonText(text: string): ParseResult<unknown> {
   try {
-    json = JSON.parse(text);
+    return { ok: true, value: JSON.parse(text) as unknown };
   } catch {
     return { ok: false, error: 'invalid JSON' };
   }
+}
+
+/** `parseJsonWith` for a value already parsed from JSON. */
+export function checkWith<T>(schema: z.ZodType<T>, json: unknown, keyDepths?: KeyDepths): ParseResult<T> {
   const r = schema.safeParse(json);
   return r.success ? { ok: true, value: r.data } : { ok: false, error: `schema: ${describeIssues(r.error, keyDepths)}` };
 }
