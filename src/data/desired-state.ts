@@ -203,7 +203,13 @@ export const DESIRED_STATE_FILE = 'desired-state.json';
  * allowed (SPEC §5: tests, dev, a local service): the proxies check who listens there.
  */
 export function ownListenerUpstream(state: DesiredState, ports: readonly number[]): string | undefined {
+  // The port a URL names is in its text in decimal (leading zeros at most), once the tabs
+  // and line breaks the URL parser drops are gone: a text naming none of `ports`, with no
+  // default port among them, needs no URL parse (10 000 of them cost ~150 ms per state).
+  const defaults = ports.includes(443) || ports.includes(80);
   const hits = (value: string): number | undefined => {
+    const text = value.replace(/[\t\n\r]/g, '');
+    if (!defaults && !ports.some((p) => text.includes(String(p)))) return undefined;
     const url = new URL(value);
     const port = url.port === '' ? (url.protocol === 'https:' ? 443 : 80) : Number(url.port);
     return isLoopbackHostname(url.hostname.replace(/^\[|\]$/g, '')) && ports.includes(port) ? port : undefined;

@@ -196,4 +196,7 @@ t.test('ownListenerUpstream: an upstream at one of the host\'s own listener port
   t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://[::1]:14324/p' } } }), ports), /port 14324/, 'IPv6 loopback');
   t.match(ownListenerUpstream(parse({ providers: { notion: { ...provider, upstream: 'https://localhost:9464' } } }), ports), /provider.*port 9464/, 'https by name too');
   t.equal(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'https://gateway.example.com:14323/mcp' } } }), ports), undefined, 'the same port elsewhere');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:0014323/i/x/mcp' } } }), ports), /port 14323/, 'leading zeros');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:143\t2\n3/i/x/mcp' } } }), ports), /port 14323/, 'split by what the URL parser drops');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://localhost/mcp' } } }), [80]), /port 80/, 'a default port');
 });
