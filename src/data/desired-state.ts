@@ -130,10 +130,14 @@ function unchangedReused(json: unknown, previous: ValidatedState): ParseResult<D
   if (bindingIds.length > MAX_BINDINGS || providerNames.length > MAX_PROVIDERS) return undefined;
   const same = (before: JsonRecord, now: JsonRecord, key: string): boolean => Object.hasOwn(before, key) && JSON.stringify(before[key]) === JSON.stringify(now[key]);
   // Object.fromEntries defines own properties: a `__proto__` key stays a key, which the schema refuses.
+  const changedIds = bindingIds.filter((id) => !same(previous.json.bindings, bindings, id));
+  const changedNames = providerNames.filter((name) => !same(previous.json.providers, providers, name));
+  // Nothing to reuse (a first state, or a whole new one): the whole parse, without building a copy.
+  if (changedIds.length === bindingIds.length && changedNames.length === providerNames.length) return undefined;
   const changed = {
     version: json.version,
-    bindings: Object.fromEntries(bindingIds.filter((id) => !same(previous.json.bindings, bindings, id)).map((id) => [id, bindings[id]])),
-    providers: Object.fromEntries(providerNames.filter((name) => !same(previous.json.providers, providers, name)).map((name) => [name, providers[name]])),
+    bindings: Object.fromEntries(changedIds.map((id) => [id, bindings[id]])),
+    providers: Object.fromEntries(changedNames.map((name) => [name, providers[name]])),
   };
   const checked = desiredStateSchema.safeParse(changed);
   if (!checked.success) return undefined;

@@ -114,8 +114,10 @@ export function recordReusing<V>(schema: z.ZodType<Record<string, V>>, json: unk
   if (Object.hasOwn(json, '__proto__')) return undefined;
   const entries = json as Record<string, unknown>;
   const keys = Object.keys(entries);
-  const changed = Object.fromEntries(keys.filter((k) => !(Object.hasOwn(previous, k) && sameJsonValue(entries[k], previous[k]))).map((k) => [k, entries[k]]));
-  const checked = schema.safeParse(changed);
+  const changedKeys = keys.filter((k) => !(Object.hasOwn(previous, k) && sameJsonValue(entries[k], previous[k])));
+  // Nothing to reuse (a first load): the whole parse, without building a copy.
+  if (changedKeys.length === keys.length) return undefined;
+  const checked = schema.safeParse(Object.fromEntries(changedKeys.map((k) => [k, entries[k]])));
   if (!checked.success) return undefined;
   const fresh = checked.data;
   return { ok: true, value: Object.fromEntries(keys.map((k) => [k, (Object.hasOwn(fresh, k) ? fresh[k] : previous[k]) as V])) };
