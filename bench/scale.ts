@@ -10,6 +10,8 @@
  * - the forwarder loaded the registry, the cli-proxy the catalog (with N and N/10 entries)
  * - a sample of bindings and providers answers (503 `token_unavailable` until its token is
  *   there, then 200; 404 before), polled by this process: "in force" is the last of these and the shims
+ * - one binding disconnected: published → the forwarder answers 404 for it (right after in
+ *   force, while the first renewals run, and again after the idle window)
  * - every binding and provider holds a token (the link's renewals; reported, not the goal here)
  * then each part's RSS and CPU over `idleMs` once every token is held (or the wait gave up:
  * `renewing` says so, and then the window is not idle).
@@ -61,7 +63,21 @@ export interface ScaleRun {
   allTokensMs: number | null;
   /** CPU each part spent from published to in force, ms. */
   cpuToInForceMs: Record<PartName, number>;
+  /**
+   * One binding disconnected with the rest in force: published → the forwarder answers 404
+   * for it, and the CPU each part spent meanwhile. `busy` right after in force (renewals
+   * running), `quiet` after the idle window.
+   */
+  disconnect?: { busy: DisconnectRun; quiet: DisconnectRun };
   idle: { seconds: number; renewing: boolean; cpuPercent: Record<PartName, number>; rssMiB: Record<PartName, number> };
+}
+
+export interface DisconnectRun {
+  loadavg1: number;
+  /** published → apply's log line for that version. */
+  appliedMs: number;
+  to404Ms: number;
+  cpuMs: Record<PartName, number>;
 }
 
 interface LogLine {
@@ -182,7 +198,31 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     ]);
     const cpuToInForceMs = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((cpuMicros(part(p).pid) - (cpu0.get(p) ?? 0)) / 1000)])) as Record<PartName, number>;
     const inForce = Math.max(served, shims, appliedAt);
-    log(`  in force after ${inForce - published} ms; waiting for every token`);
+    log(`  in force after ${inForce - published} ms`);
+    // Bindings outside the sample, so the sample's figures are not disturbed.
+    const sampled = new Set(bSample);
+    const spare = Array.from({ length: n }, (_, i) => n - 1 - i).filter((i) => !sampled.has(i));
+    const disconnectOne = async (): Promise<DisconnectRun | undefined> => {
+      const i = spare.shift();
+      if (i === undefined) return undefined;
+      const url = `http://127.0.0.1:${fwdPort}/i/${bindingId(i)}/mcp`;
+      const load = Math.round((loadavg()[0] ?? 0) * 100) / 100;
+      const c = new Map(PART_NAMES.map((p) => [p, cpuMicros(part(p).pid)]));
+      // Published once the Gateway holds it (its own validation of the new state is not the host's time).
+      gw.control.disconnectBinding(bindingId(i));
+      const t = Date.now();
+      const v = gw.control.version;
+      const [done, gone] = await Promise.all([
+        logTime(part('apply').log, t, (l) => l.msg === 'desired state applied' && l.version === v, 'disconnect applied', timeout),
+        until(async () => (await statusOf(url, true)) === 404, performance.now(), 'the disconnected binding answering 404', timeout, 5).then(() => Date.now()),
+      ]);
+      const cpuMs = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((cpuMicros(part(p).pid) - (c.get(p) ?? 0)) / 1000)])) as Record<PartName, number>;
+      const run = { loadavg1: load, appliedMs: done - t, to404Ms: gone - t, cpuMs };
+      log(`  one binding disconnected: 404 after ${run.to404Ms} ms (load ${load}; CPU ms ${PART_NAMES.map((p) => cpuMs[p]).join(' / ')})`);
+      return run;
+    };
+    const busy = await disconnectOne();
+    log('  waiting for every token');
     const tokens = (): number =>
       readdirSync(join(state, 'mcp-forwarder')).filter((f) => f.startsWith('scale-') && f.endsWith('.token')).length +
       readdirSync(join(state, 'cli-proxy')).filter((f) => f.startsWith('prov-') && f.endsWith('.token')).length;
@@ -200,6 +240,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     const elapsed = performance.now() - t0;
     const cpuPercent = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round(((cpuMicros(part(p).pid) - (c0.get(p) ?? 0)) / 1000 / elapsed) * 10_000) / 100])) as Record<PartName, number>;
     const rssMiB = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((rssBytes(part(p).pid) / MiB) * 10) / 10])) as Record<PartName, number>;
+    const quiet = await disconnectOne();
     return {
       bindings: n,
       providers,
@@ -213,6 +254,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       inForceMs: inForce - published,
       allTokensMs,
       cpuToInForceMs,
+      ...(busy && quiet ? { disconnect: { busy, quiet } } : {}),
       idle: { seconds: o.idleMs / 1000, renewing: allTokensMs === null, cpuPercent, rssMiB },
     };
   } finally {
@@ -243,8 +285,8 @@ export async function runScaleBench(log: (line: string) => void, options: ScaleO
 export function scaleMarkdown(runs: readonly ScaleRun[]): string {
   const parts = PART_NAMES.join(' / ');
   return [
-    `| bindings (providers) | load | handed over | applied | registry loaded | sample served | shims | **in force** | every token | idle RSS MiB (${parts}) | idle CPU % (${parts}) |`,
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    `| bindings (providers) | load | handed over | applied | registry loaded | sample served | shims | **in force** | every token | idle RSS MiB (${parts}) | idle CPU % (${parts}) | one disconnect → 404, busy / quiet (apply CPU ms) |`,
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
     ...runs.map((r) =>
       [
         `${r.bindings} (${r.providers})`,
@@ -258,6 +300,7 @@ export function scaleMarkdown(runs: readonly ScaleRun[]): string {
         r.allTokensMs === null ? 'not within the wait' : ms(r.allTokensMs),
         PART_NAMES.map((p) => r.idle.rssMiB[p]).join(' / '),
         `${PART_NAMES.map((p) => r.idle.cpuPercent[p]).join(' / ')}${r.idle.renewing ? ' (renewing)' : ''}`,
+        r.disconnect ? `${ms(r.disconnect.busy.to404Ms)} / ${ms(r.disconnect.quiet.to404Ms)} (${r.disconnect.busy.cpuMs.apply} / ${r.disconnect.quiet.cpuMs.apply})` : '',
       ].join(' | '),
     ).map((row) => `| ${row} |`),
   ].join('\n');

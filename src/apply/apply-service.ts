@@ -12,7 +12,7 @@ import type { TokenLayout } from '../data/token-path.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 import { applyInbox, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
-import { reconcileDesiredState, type ReconcileDeps } from './reconcile.js';
+import { reconcileDesiredState, type ReconcileDeps, type ReconcileMemo } from './reconcile.js';
 import { revokeIfMarked } from './revoke.js';
 import { tokenTargets } from './token-targets.js';
 
@@ -72,7 +72,7 @@ export function createApplyService(config: ApplyConfig): Service {
       // writes is kept, not read back.
       const local = localConfigFiles(config.layout);
       const deps: ApplyDeps = { paths, tokenFilesFor: tokenTargets(local, config.layout), log, signal };
-      const memo: { lastDigest?: string } = {};
+      const memo: ReconcileMemo = {};
       // desired-state.json (megabytes with 10 000 bindings) is read again only when it was
       // renamed in, on SIGHUP, or on the periodic rescan: not for every token in the inbox.
       let stateDirty = true;
@@ -86,8 +86,12 @@ export function createApplyService(config: ApplyConfig): Service {
             // Access ended for the whole host: the empty state, whatever desired-state.json says.
             const revoked = await revokeIfMarked({ ...config.reconcile, layout: config.layout, local, paths, log, signal, tokenDirs: defaultTokenDirs(config.layout), auditDir: config.layout.audit });
             if (revoked.kind === 'absent') await reconcileDesiredState({ ...config.reconcile, layout: config.layout, local, paths, log, signal, memo });
-            // What was handled before the revocation may come back (the same state after a new enrolment).
-            else delete memo.lastDigest;
+            // What was handled before the revocation may come back (the same state after a new
+            // enrolment); the revocation rendered the shims for no catalog.
+            else {
+              delete memo.lastDigest;
+              delete memo.shimsFor;
+            }
           }
           const stats = await applyInbox({
             ...deps,

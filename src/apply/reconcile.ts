@@ -4,7 +4,7 @@ import { basename, dirname, join } from 'node:path';
 import { appliedStatePath, readAppliedState, type AppliedState } from '../data/applied-state.js';
 import type { Catalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
-import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredState, slotsOf, toLocalConfig, type DesiredState } from '../data/desired-state.js';
+import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredStateAfter, slotsOf, toLocalConfig, type DesiredState, type ValidatedState } from '../data/desired-state.js';
 import type { ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
@@ -111,8 +111,20 @@ export interface ReconcileDeps {
   log: Logger;
   now?: () => number;
   signal?: AbortSignal;
+  /** What this process last did, so the next state costs what changed (see `ReconcileMemo`). */
+  memo?: ReconcileMemo;
+}
+
+export interface ReconcileMemo {
   /** The digest of the last desired-state text handled, so a rescan does not redo it. */
-  memo?: { lastDigest?: string };
+  lastDigest?: string;
+  /** The last state that validated: its unchanged entries are not validated again. */
+  validated?: ValidatedState;
+  /**
+   * The catalog (its JSON) this process last rendered the shims for, once that catalog was
+   * also the file in force: a state that changes bindings only does not read 1 000 shims.
+   */
+  shimsFor?: string;
 }
 
 export type ReconcileOutcome =
@@ -186,9 +198,24 @@ function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly 
  * (only a new state revives it, as before).
  */
 async function healInForce(deps: ReconcileDeps, desired: DesiredState): Promise<void> {
-  const healed = await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false });
+  const healed = (await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false })).written;
   if (healed.length > 0) deps.log.warn({ slots: healed.length }, 'slot files of the state in force were missing or unreadable; written again');
-  if (deps.renderShims) await deps.renderShims(toLocalConfig(desired, deps.layout).catalog);
+  if (deps.renderShims) await renderShimsFor(deps, toLocalConfig(desired, deps.layout).catalog);
+}
+
+/**
+ * The shims for `catalog`, unless this process rendered them for the same catalog and that
+ * catalog is the file in force (`catalogInForce`: no write of it was needed). Another
+ * writer of the catalog (a one-shot apply) makes the file differ, so its shims are
+ * rendered again; a new process renders once (`healInForce`).
+ */
+async function renderShimsFor(deps: ReconcileDeps, catalog: Catalog, catalogInForce = false): Promise<void> {
+  if (!deps.renderShims) return;
+  const text = JSON.stringify(catalog);
+  if (catalogInForce && deps.memo?.shimsFor === text) return;
+  if (deps.memo) delete deps.memo.shimsFor;
+  await deps.renderShims(catalog);
+  if (deps.memo) deps.memo.shimsFor = text;
 }
 
 /** One reconcile of desired-state.json, under the hand-off lock. No file: nothing happens. */
@@ -206,7 +233,9 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const digest = unsafe ? `unsafe:${unsafe.key}` : createHash('sha256').update(text).digest('hex');
     if (deps.memo?.lastDigest === digest) return { kind: 'unchanged' };
     const applied = (await readAppliedState(paths.root)) ?? { version: 0, appliedAt: null };
-    const parsed = withoutOwnListeners(unsafe ? { ok: false as const, error: unsafe.error } : parseDesiredState(text), deps.reservedPorts);
+    const fresh = unsafe ? undefined : parseDesiredStateAfter(text, deps.memo?.validated);
+    if (deps.memo && fresh?.validated) deps.memo.validated = fresh.validated;
+    const parsed = withoutOwnListeners(fresh?.result ?? { ok: false as const, error: unsafe?.error ?? 'invalid' }, deps.reservedPorts);
     // The schema holds the rules every reader holds; the host-tool rule needs the
     // operator's allow file, read here, each time (it is small and rarely changes).
     const error = parsed.ok ? hostToolProblem(parsed.value.providers, await allowedCommandsOf(deps)) : parsed.error;
@@ -243,7 +272,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     const plan = planReconcile(current, desired, deps.layout);
 
     // 1. new slots first: a binding in the registry always has a slot to renew it.
-    await ensureSlots(paths, plan.ensureSlots, current.slots);
+    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
     crashPoint('reconcile-after-slots');
     // 2. the registry and the catalog.
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
@@ -257,7 +286,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
     crashPoint('reconcile-after-slot-retire');
     // 4. shims for the catalog now in force.
-    if (deps.renderShims) await deps.renderShims(plan.catalog);
+    await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
     // The last point before the version is in force.
     crashPoint('reconcile-after-shims');
     // 5. in force.
@@ -271,6 +300,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
         bindings: Object.keys(plan.instances).length,
         providers: Object.keys(plan.catalog).length,
         newSlots: plan.newSlots.length,
+        slotFilesRead: slotFiles.read,
         retiredSlots: plan.retireSlots.length,
         deletedTokenFiles: deleted,
       },

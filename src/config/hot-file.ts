@@ -16,7 +16,8 @@ export interface HotState<T> {
 
 export interface HotFileOptions<T> {
   path: string;
-  parse: (text: string) => ParseResult<T>;
+  /** `previous`: the value in force (the last good load, or `empty`), for a parser that reuses what did not change. */
+  parse: (text: string, previous?: T) => ParseResult<T>;
   /** The value of a missing file (an empty registry/catalog). */
   empty: T;
   onLoad?: (state: HotState<T>, change: { ok: boolean; missing: boolean }) => void;
@@ -124,7 +125,7 @@ export class HotFile<T> {
       this.fail(`cannot read file (${code ?? 'error'})`);
       return;
     }
-    const parsed = this.options.parse(text);
+    const parsed = this.options.parse(text, this.state.value);
     if (!parsed.ok) {
       this.fail(parsed.error);
       return;

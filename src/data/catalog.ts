@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { COMMAND_NAME, COMMAND_NAME_RULE, envNameProblem, LINE_BREAK_OR_NUL, NO_LINE_BREAK_RULE } from './catalog-rules.js';
 import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
 import { hostsSchema, placeholderSchema, tlsCatalogProblem } from './tls-hosts.js';
-import { parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
+import { checkWith, parseJsonText, readConfigFile, recordReusing, type ParseResult } from './parse.js';
 
 /**
  * The provider catalog, `<state>/cli-proxy/providers.json` (SPEC §5): where each SaaS's
@@ -102,9 +102,12 @@ export type Inject = z.infer<typeof injectSchema>;
 export type Provider = z.infer<typeof providerSchema>;
 export type Catalog = z.infer<typeof catalogSchema>;
 
-export function parseCatalog(text: string): ParseResult<Catalog> {
+/** `previous`: the last good catalog read (the cli-proxy's reload): its unchanged entries are not validated again. */
+export function parseCatalog(text: string, previous?: Catalog): ParseResult<Catalog> {
+  const json = parseJsonText(text);
+  if (!json.ok) return json;
   // Provider names are no secret (they are in every /p/<provider>/ URL): shown whole.
-  const parsed = parseJsonWith(catalogSchema, text, []);
+  const parsed = (previous && recordReusing(catalogSchema, json.value, previous)) ?? checkWith(catalogSchema, json.value, []);
   if (!parsed.ok) return parsed;
   const dup = duplicateCommand(parsed.value);
   if (dup !== undefined) return { ok: false, error: `schema: command "${dup}" is declared by two providers` };

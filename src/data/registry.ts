@@ -5,7 +5,7 @@ import { ConfigError } from '../errors.js';
 import { atomicWrite, ownerFor } from '../fs/atomic-write.js';
 import { withFileLock } from '../fs/file-lock.js';
 import { absolutePathSchema, upstreamUrlSchema } from './fields.js';
-import { describeIssues, keyPrefix, parseJsonWith, readConfigFile, type ParseResult } from './parse.js';
+import { checkWith, describeIssues, keyPrefix, parseJsonText, readConfigFile, recordReusing, type ParseResult } from './parse.js';
 
 /** The binding registry, `<state>/mcp-forwarder/instances.json` (SPEC §3). */
 
@@ -27,8 +27,11 @@ export type InstancesFile = z.infer<typeof instancesFileSchema>;
 /** A short, non-secret prefix of a binding id, safe for logs. */
 export const bindingPrefix = keyPrefix;
 
-export function parseInstancesFile(text: string): ParseResult<InstancesFile> {
-  return parseJsonWith(instancesFileSchema, text);
+/** `previous`: the last good registry read (the forwarder's reload): its unchanged entries are not validated again. */
+export function parseInstancesFile(text: string, previous?: InstancesFile): ParseResult<InstancesFile> {
+  const json = parseJsonText(text);
+  if (!json.ok) return json;
+  return (previous && recordReusing(instancesFileSchema, json.value, previous)) ?? checkWith(instancesFileSchema, json.value);
 }
 
 export function readInstances(path: string): Promise<InstancesFile> {

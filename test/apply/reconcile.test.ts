@@ -189,6 +189,29 @@ t.test('reconcile keeps what it wrote: token targets and the next version come f
   t.same(reads, { instances: 2, catalog: 1 });
 });
 
+t.test('reconcile: a state changing bindings only reads no slot file and renders no shim; a catalog change renders them', async (t) => {
+  const { deps, rendered, write, records } = setup(t);
+  const many = Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`bind_many_${String(i).padStart(4, '0')}`, `m${i}`]));
+  write(state(1, many, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
+  t.equal(rendered.length, 1);
+  const { bind_many_0000: _gone, ...rest } = many;
+  write(state(2, rest, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 2, plan: { retireSlots: ['instance:m0'] } });
+  t.match(records.at(-1), { msg: 'desired state applied', version: 2, slotFilesRead: 0 }, 'no slot file read');
+  t.equal(rendered.length, 1, 'the same catalog: no shim rendered');
+  write(state(3, rest, ['gh', 'notion']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 3 });
+  t.equal(rendered.length, 2, 'a new catalog: rendered');
+  t.same(Object.keys(rendered.at(-1) ?? {}).sort(), ['gh', 'notion']);
+
+  // A new process knows nothing yet: it renders once, whatever the catalog.
+  const restarted = { ...deps, memo: {} };
+  write(state(4, many, ['gh', 'notion']));
+  t.match(await reconcileDesiredState(restarted), { kind: 'applied', version: 4 });
+  t.equal(rendered.length, 3);
+});
+
 t.test('reconcile: a new process heals the state in force: a lost or emptied slot file is made again, shims rendered again, a revoked slot stays revoked', async (t) => {
   const { deps, rendered, write } = setup(t);
   write(state(1, { [B1]: 'i1', [B2]: 'i2', [B3]: 'i3' }, ['gh']));

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
@@ -101,7 +101,7 @@ t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
 t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves the good; refuses a symlink', async (t) => {
   const p = handoff();
   const slots = Array.from({ length: 300 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
-  t.same(await ensureSlots(p, slots, new Set()), slots, 'every one new (more than one batch of synchronous writes)');
+  t.same((await ensureSlots(p, slots, new Set())).written, slots, 'every one new (more than one batch of synchronous writes)');
   for (const s of [slots[0]!, slots[299]!]) {
     t.strictSame(JSON.parse(readFileSync(slotPath(p, s), 'utf8')) as unknown, { slot: s, tokenId: null, expiresAt: null, generation: 0 });
     t.equal(statSync(slotPath(p, s)).mode & 0o777, 0o640);
@@ -113,8 +113,8 @@ t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves 
   writeFileSync(slotPath(p, slots[2]!), '');
   await writeSlotFile(p, { ...held, slot: slots[3]!, revoked: true });
   const present = new Set(slots.slice(0, 4));
-  t.same(await ensureSlots(p, slots.slice(0, 4), present, { revive: false }), [slots[2]], 'without revive: the emptied one only');
-  t.same(await ensureSlots(p, slots.slice(0, 4), present), [slots[3]], 'the revoked one revived');
+  t.same((await ensureSlots(p, slots.slice(0, 4), present, { revive: false })).written, [slots[2]], 'without revive: the emptied one only');
+  t.same((await ensureSlots(p, slots.slice(0, 4), present)).written, [slots[3]], 'the revoked one revived');
   t.notOk((await readSlotFile(p, slots[3]!))?.revoked, 'no longer revoked');
   t.equal((await readSlotFile(p, slots[3]!))?.tokenId, 'tid_1', 'what it held is kept');
   t.equal(statSync(slotPath(p, good)).ino, ino, 'the good one is not rewritten');
@@ -125,4 +125,30 @@ t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves 
   symlinkSync(elsewhere, slotPath(p, 'instance:linked'));
   await t.rejects(ensureSlots(p, ['instance:linked'], new Set(['instance:linked'])), /symlink/);
   t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind it untouched');
+});
+
+t.test('ensureSlots: a new state reads only the slot files this process does not know unchanged', async (t) => {
+  const p = handoff();
+  const slots = Array.from({ length: 50 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
+  t.same(await ensureSlots(p, slots, new Set()), { written: slots, read: 0 }, 'all new: written, none read');
+  const all = new Set(slots);
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0 }, 'the next state (one gone): nothing read, nothing written');
+
+  // Changed behind this process's back, each a way the link's group or another apply can:
+  // a revocation renamed in (a new inode), a file emptied in place.
+  const revokedSlot = slots[1]!;
+  const revokedPath = slotPath(p, revokedSlot);
+  const other = `${revokedPath}.other`;
+  writeFileSync(other, `${JSON.stringify({ slot: revokedSlot, tokenId: 'tid_9', expiresAt: '2030-01-01T00:00:00.000Z', generation: 3, revoked: true })}\n`, { mode: 0o640 });
+  renameSync(other, revokedPath);
+  writeFileSync(slotPath(p, slots[2]!), '');
+  const r = await ensureSlots(p, slots.slice(1), all);
+  t.same({ written: [...r.written].sort(), read: r.read }, { written: [revokedSlot, slots[2]], read: 2 }, 'the two changed ones read (and written again), no other');
+  t.notOk((await readSlotFile(p, revokedSlot))?.revoked, 'the revocation seen and the slot revived');
+  t.equal((await readSlotFile(p, revokedSlot))?.generation, 3, 'what it held is kept');
+
+  // A revocation apply itself applied (inbox) is known too: the next state revives it without a listing of every file.
+  await writeSlotFile(p, { slot: slots[3]!, tokenId: 'tid_3', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1, revoked: true });
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [slots[3]], read: 1 }, 'only the revoked one read, and revived');
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0 });
 });

@@ -8,8 +8,19 @@ function provider(extra: Record<string, unknown> = {}): Record<string, unknown> 
   return { upstream: 'https://api.notion.com/v1', tokenFile: TOKEN_FILE, inject: { type: 'header', name: 'X-Api-Key', value: 'Key {token}' }, ...extra };
 }
 
+/**
+ * Every parse in this file runs twice: whole, and as the cli-proxy's reload does, given a
+ * catalog in force that shares names (and values) with the cases; both must agree exactly.
+ */
+const inForce = parseCatalog(JSON.stringify({ a: provider(), b: provider({ commands: [{ name: 'other' }] }), c: provider(), notion: provider({ commands: [{ name: 'ntn' }] }) }));
+let compared = 0;
 function parse(value: unknown): ReturnType<typeof parseCatalog> {
-  return parseCatalog(JSON.stringify(value));
+  if (!inForce.ok) throw new Error(inForce.error);
+  const whole = parseCatalog(JSON.stringify(value));
+  const reload = parseCatalog(JSON.stringify(value), inForce.value);
+  if (JSON.stringify(reload) !== JSON.stringify(whole)) throw new Error(`a reload parse differs from the whole parse: ${JSON.stringify(reload)} vs ${JSON.stringify(whole)}`);
+  compared += 1;
+  return whole;
 }
 
 function rejected(t: TapTest, value: unknown, what: string): void {
@@ -130,4 +141,16 @@ t.test('provider ports: in 18300-18399, one provider each, base-url providers on
   t.same(parse({ a: provider({ port: 18301 }), b: provider({ port: 18301 }) }), { ok: false, error: 'schema: port 18301 is named by two providers (a, b)' });
   const tls = parse({ gh: { mode: 'tls', hosts: ['api.github.com'], tokenFile: TOKEN_FILE, inject: { type: 'header', name: 'Authorization', value: 'token {token}' }, port: 18302 } });
   t.notOk(tls.ok, 'a tls provider with a port: rejected');
+});
+
+t.test('a reload reuses the values of unchanged providers (defaults filled in) and checks the rules across the whole', async (t) => {
+  t.ok(compared > 20, `every case above was parsed both ways (${compared})`);
+  if (!inForce.ok) return t.fail(inForce.error);
+  // As apply writes it: the values in force, with their defaults, keys in another order.
+  const written = Object.fromEntries(Object.entries(inForce.value).map(([name, p]) => [name, { ...p, tokenFile: p.tokenFile }]));
+  const r = parseCatalog(JSON.stringify({ ...written, d: provider() }), inForce.value);
+  if (!r.ok) return t.fail(r.error);
+  t.equal(r.value.a, inForce.value.a, 'unchanged: the value in force');
+  t.not(r.value.d, undefined);
+  t.same(parseCatalog(JSON.stringify({ ...written, d: provider({ commands: [{ name: 'other' }] }) }), inForce.value), { ok: false, error: 'schema: command "other" is declared by two providers' }, 'a new provider clashing with an unchanged one');
 });

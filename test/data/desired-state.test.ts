@@ -5,6 +5,7 @@ import {
   MAX_STATE_BYTES,
   ownListenerUpstream,
   parseDesiredState,
+  parseDesiredStateAfter,
   slotsOf,
   toLocalConfig,
   type DesiredState,
@@ -106,6 +107,37 @@ t.test('one bad entry rejects the whole state, and the error never echoes a valu
   }
 });
 
+t.test('after a valid state: the same rejections with the same errors, whatever was valid before', async (t) => {
+  // The last good state holds every id and name the rows use, so a bad row is a changed entry, a new one, or both.
+  const before = parseDesiredStateAfter(state({ bindings: { [BID]: binding, bind_state_0002: binding }, providers: { notion: provider, other: { ...provider, upstream: 'https://other.example.com', commands: [] } } }));
+  t.ok(before.result.ok && before.validated);
+  for (const row of rejected) {
+    const full = parseDesiredState(row.text);
+    const after = parseDesiredStateAfter(row.text, before.validated);
+    t.same(after.result, full, `${row.name}: ${full.ok ? '' : full.error}`);
+    t.notOk(after.validated, `${row.name}: nothing to compare against next time`);
+  }
+});
+
+t.test('after a valid state: unchanged entries are reused, changed and new ones validated, the order and the whole kept', async (t) => {
+  const gh = { upstream: 'http://127.0.0.1:9/api', inject: { type: 'query', name: 'access_token' } };
+  const first = parseDesiredStateAfter(state({ bindings: { [BID]: binding, bind_state_0002: { ...binding, instanceId: 'inst-b' } }, providers: { notion: provider, gh } }));
+  if (!first.result.ok || !first.validated) return t.fail('first state');
+  const text = state({ version: 8, bindings: { bind_state_0003: { ...binding, instanceId: 'inst-c' }, [BID]: binding }, providers: { gh, notion: { ...provider, port: 18310 } } });
+  const next = parseDesiredStateAfter(text, first.validated);
+  if (!next.result.ok) return t.fail(next.result.error);
+  t.same(next.result, parseDesiredState(text), 'what the full parse gives');
+  t.same(Object.keys(next.result.value.bindings), ['bind_state_0003', BID], 'in the order of the text');
+  t.equal(next.result.value.bindings[BID], first.result.value.bindings[BID], 'an unchanged binding: the value validated before');
+  t.equal(next.result.value.providers.gh, first.result.value.providers.gh, 'an unchanged provider: the value validated before, defaults and all');
+  t.not(next.result.value.providers.notion, first.result.value.providers.notion, 'a changed provider: validated again');
+  t.same(next.result.value.providers.gh?.commands, []);
+  // A rule across providers fails on the whole, though each entry is fine and only one changed.
+  const clash = state({ version: 9, bindings: {}, providers: { gh: { ...gh, commands: [{ name: 'ntn' }] }, notion: provider } });
+  t.same(parseDesiredStateAfter(clash, next.validated).result, parseDesiredState(clash));
+  t.notOk(parseDesiredState(clash).ok);
+});
+
 t.test('a good entry beside a bad one does not survive: nothing is partially accepted', async (t) => {
   const r = parseDesiredState(state({ bindings: { [BID]: binding, bind_state_0002: { ...binding, upstreamUrl: 'http://evil.example/' } } }));
   t.notOk(r.ok);
@@ -164,4 +196,7 @@ t.test('ownListenerUpstream: an upstream at one of the host\'s own listener port
   t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://[::1]:14324/p' } } }), ports), /port 14324/, 'IPv6 loopback');
   t.match(ownListenerUpstream(parse({ providers: { notion: { ...provider, upstream: 'https://localhost:9464' } } }), ports), /provider.*port 9464/, 'https by name too');
   t.equal(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'https://gateway.example.com:14323/mcp' } } }), ports), undefined, 'the same port elsewhere');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:0014323/i/x/mcp' } } }), ports), /port 14323/, 'leading zeros');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:143\t2\n3/i/x/mcp' } } }), ports), /port 14323/, 'split by what the URL parser drops');
+  t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://localhost/mcp' } } }), [80]), /port 80/, 'a default port');
 });

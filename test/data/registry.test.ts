@@ -1,6 +1,6 @@
 import t from 'tap';
 import type { ParseResult } from '../../src/data/parse.js';
-import { parseInstancesFile, type InstancesFile } from '../../src/data/registry.js';
+import { parseInstancesFile as parseWhole, type InstancesFile } from '../../src/data/registry.js';
 
 const ID = 'bind_schema_0001';
 const good = {
@@ -8,6 +8,24 @@ const good = {
   upstreamUrl: 'https://gateway.example.com/mcp',
   tokenFile: '/var/lib/agent-connectors/mcp-forwarder/inst-a.token',
 };
+
+/**
+ * Every parse in this file runs twice: whole, and as the forwarder's reload does, given a
+ * registry in force that shares ids (and values) with the cases; both must agree exactly.
+ */
+const IN_FORCE: InstancesFile = {
+  [ID]: good,
+  'other-binding_ID-2': { instanceId: 'inst.b_2', upstreamUrl: 'http://127.0.0.1:8080/mcp', tokenFile: '/tmp/b.token' },
+  bind_unchanged_0009: { ...good, instanceId: 'inst-9' },
+};
+let reusedCompared = 0;
+function parseInstancesFile(text: string): ParseResult<InstancesFile> {
+  const whole = parseWhole(text);
+  const reload = parseWhole(text, IN_FORCE);
+  if (JSON.stringify(reload) !== JSON.stringify(whole)) throw new Error(`a reload parse differs from the whole parse: ${JSON.stringify(reload)} vs ${JSON.stringify(whole)}`);
+  reusedCompared += 1;
+  return whole;
+}
 
 function file(bindings: Record<string, unknown>): string {
   return JSON.stringify(bindings, null, 2);
@@ -202,4 +220,18 @@ t.test('errors show only a prefix of a binding id', async (t) => {
     t.notMatch(err, id.slice(0, 12), 'no long prefix shown');
     t.match(err, id.slice(0, 4), 'a short prefix identifies the binding');
   }
+});
+
+t.test('a reload reuses the values of unchanged bindings and validates the rest, as the whole parse would', async (t) => {
+  t.ok(reusedCompared > 20, `every case above was parsed both ways (${reusedCompared})`);
+  const text = file({ ...IN_FORCE, bind_new_0001: { ...good, instanceId: 'inst-new' } });
+  const r = parseWhole(text, IN_FORCE);
+  if (!r.ok) return t.fail(r.error);
+  t.equal(r.value[ID], IN_FORCE[ID], 'unchanged: the value in force');
+  t.same(Object.keys(r.value), [ID, 'other-binding_ID-2', 'bind_unchanged_0009', 'bind_new_0001'], 'in the order of the file');
+  const changed = parseWhole(file({ ...IN_FORCE, [ID]: { ...good, upstreamUrl: 'http://evil.example/mcp' } }), IN_FORCE);
+  t.notOk(changed.ok, 'a changed binding is validated again');
+  const proto = parseWhole(`{"__proto__": ${JSON.stringify(good)}, "${ID}": ${JSON.stringify(good)}}`, IN_FORCE);
+  t.same(proto, parseWhole(`{"__proto__": ${JSON.stringify(good)}, "${ID}": ${JSON.stringify(good)}}`), 'a __proto__ key: as the whole parse');
+  if (proto.ok) t.notOk(Object.hasOwn(proto.value, '__proto__'));
 });
