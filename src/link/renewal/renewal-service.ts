@@ -94,6 +94,8 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       for (const dir of [paths.inbox, state.dir]) {
         for (const file of await sweepStaleTemps(dir)) log.info({ file }, 'removed a temp file left by an interrupted write');
       }
+      const restored = state.recover();
+      if (restored.length > 0) log.warn({ slots: restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
       const renewDeps: RenewDeps = { paths, state, credential, log, signal };
       const slotStates = new Map<string, SlotPolicyState>();
       // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
