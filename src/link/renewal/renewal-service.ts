@@ -202,7 +202,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           if (slot.revoked) continue;
           const current = slotStates.get(slot.slot) ?? freshSlot;
           // Not due: no place taken (a scan of 10 000 settled slots starts nothing).
-          const due = dueAt(slot, await state.read(slot.slot), current);
+          const due = dueAt(slot, state.readSync(slot.slot), current);
           if (due > Date.now()) {
             if (!current.settled) unsettled += 1;
             next = Math.min(next, due);
