@@ -14,6 +14,14 @@ export type JournalEntry = z.infer<typeof journalEntrySchema>;
 
 /** `pending-<seq>.journal`: not `<slot>.json`, so nothing that lists the slot records takes it for one. */
 const BATCH_NAME = /^pending-(\d{1,15})\.journal$/;
+/**
+ * Batches written at once. One at a time, a renewal waited on average one and a half batch
+ * writes (two fsyncs each) before it was sent, and with the pool's 32 places that wait set
+ * the pace (~100 slots/s at load 18, ~140 with one file per slot): a few in flight keep the
+ * wait at one write while a burst still shares each fsync among many renewals.
+ */
+export const JOURNAL_BATCHES_IN_FLIGHT = 4;
+
 /** A batch holds at most one entry per slot in flight: far below this. */
 const MAX_BATCH_BYTES = 16 * 1024 * 1024;
 
@@ -22,7 +30,7 @@ const MAX_BATCH_BYTES = 16 * 1024 * 1024;
  * many slots at once. Each slot's record is written without an fsync (renewal-state.ts);
  * its pending requestId is made durable here, in a batch file fsynced once for every
  * renewal that started meanwhile (group commit: a caller arriving while a batch is written
- * joins the next one, which starts after its call). One fsynced file per renewal capped a
+ * joins the next one, which starts after its call; up to JOURNAL_BATCHES_IN_FLIGHT at once). One fsynced file per renewal capped a
  * host at the disk's fsync rate and cost most of the link's CPU per slot.
  *
  * A batch is deleted once none of its entries is still the pending renewal of its slot
@@ -34,8 +42,8 @@ export class PendingJournal {
   /** Entries waiting for the next batch, and the promise that batch's write settles. */
   #queued: JournalEntry[] = [];
   #next: { promise: Promise<void>; resolve: () => void; reject: (err: unknown) => void } | undefined;
-  /** The batch being written (one at a time), if any. */
-  #inWrite: string | undefined;
+  /** The batches being written. */
+  readonly #inWrite = new Set<string>();
   /** batch name → the slots whose current pending is in it. */
   readonly #outstanding = new Map<string, Set<string>>();
   /** slot → the batch holding its current pending requestId. */
@@ -106,8 +114,8 @@ export class PendingJournal {
       this.#next = { promise, resolve, reject };
     }
     const joined = this.#next.promise;
-    // #drain takes the queue at once (synchronously), hence `joined` taken before.
-    if (this.#inWrite === undefined) void this.#drain();
+    // #pump may take the queue at once (synchronously), hence `joined` taken before.
+    this.#pump();
     return joined;
   }
 
@@ -120,38 +128,42 @@ export class PendingJournal {
     this.#dropIfSettled(batch);
   }
 
-  /** Writes batches one after the other while entries are queued (the only writer). */
-  async #drain(): Promise<void> {
-    while (this.#next) {
+  /** Starts a batch of what is queued while fewer than JOURNAL_BATCHES_IN_FLIGHT are being written. */
+  #pump(): void {
+    while (this.#next && this.#inWrite.size < JOURNAL_BATCHES_IN_FLIGHT) {
       const waiter = this.#next;
       const entries = this.#queued;
       this.#next = undefined;
       this.#queued = [];
-      const name = `pending-${++this.#seq}.journal`;
-      const slots = new Set(entries.map((e) => e.slot));
-      // Counted before the write: a slot settled while it runs must not be tracked after it.
-      this.#outstanding.set(name, slots);
-      for (const slot of slots) this.#batchOf.set(slot, name);
-      this.#inWrite = name;
-      try {
-        await atomicWrite(join(this.dir, name), entries.map((e) => `${JSON.stringify(e)}\n`).join(''), { mode: 0o600 });
-        waiter.resolve();
-      } catch (err) {
-        for (const slot of slots) if (this.#batchOf.get(slot) === name) this.#batchOf.delete(slot);
-        this.#outstanding.delete(name);
-        waiter.reject(err);
-      } finally {
-        this.#inWrite = undefined;
-      }
-      this.#dropIfSettled(name);
+      void this.#write(`pending-${++this.#seq}.journal`, entries, waiter);
     }
+  }
+
+  async #write(name: string, entries: JournalEntry[], waiter: { resolve: () => void; reject: (err: unknown) => void }): Promise<void> {
+    const slots = new Set(entries.map((e) => e.slot));
+    // Counted before the write: a slot settled while it runs must not be tracked after it.
+    this.#outstanding.set(name, slots);
+    for (const slot of slots) this.#batchOf.set(slot, name);
+    this.#inWrite.add(name);
+    try {
+      await atomicWrite(join(this.dir, name), entries.map((e) => `${JSON.stringify(e)}\n`).join(''), { mode: 0o600 });
+      waiter.resolve();
+    } catch (err) {
+      for (const slot of slots) if (this.#batchOf.get(slot) === name) this.#batchOf.delete(slot);
+      this.#outstanding.delete(name);
+      waiter.reject(err);
+    } finally {
+      this.#inWrite.delete(name);
+    }
+    this.#dropIfSettled(name);
+    this.#pump();
   }
 
   #dropIfSettled(name: string): void {
     const slots = this.#outstanding.get(name);
     if (!slots || slots.size > 0) return;
     // A batch still being written is dropped when its write ends (#drain asks again).
-    if (name === this.#inWrite) return;
+    if (this.#inWrite.has(name)) return;
     this.#outstanding.delete(name);
     try {
       unlinkSync(join(this.dir, name));
