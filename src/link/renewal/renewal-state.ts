@@ -137,8 +137,14 @@ export class RenewalState {
       try {
         await this.journal.commit({ slot: state.slot, ...state.pending });
       } catch (err) {
-        // Not durable: this requestId must not be sent (the next attempt starts another).
-        this.cache.delete(state.slot);
+        // Not durable: this requestId must never be sent (the next attempt starts another),
+        // so the record goes back to what it was, in memory at least.
+        const previous = before ?? { slot: state.slot };
+        try {
+          this.writeRecord(previous);
+        } catch {
+          this.cache.set(state.slot, previous);
+        }
         throw err;
       }
     }

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { JOURNAL_BATCHES_IN_FLIGHT, PendingJournal, type JournalEntry } from '../../../src/link/renewal/pending-journal.js';
@@ -87,6 +87,19 @@ t.test('a failed batch write rejects every commit in it: none of those requestId
   const state = new RenewalState(join(dir, 'gone'));
   await t.rejects(state.write({ slot: 'instance:a', pending: { requestId: randomUUID(), expectedTokenId: null, since: '2030-01-01T12:00:00.000Z' } }));
   t.same(await state.read('instance:a'), { slot: 'instance:a' }, 'the refused pending is not kept in memory either');
+});
+
+t.test('a pending whose batch could not be written is taken back from the record too: a later attempt cannot send it unjournaled', async (t) => {
+  const dir = tempDir('ac-journal-', t);
+  const state = new RenewalState(dir);
+  const before = { slot: 'instance:a', delivered: { tokenId: 'tok_1', expiresAt: '2030-01-01T18:00:00.000Z', generation: 1, receivedAt: '2030-01-01T12:00:00.000Z' } };
+  await state.write(before);
+  // The next batch's name taken by a directory: atomicWrite refuses to replace it.
+  mkdirSync(join(dir, 'pending-1.journal'));
+  const pending = { requestId: randomUUID(), expectedTokenId: 'tok_1', since: '2030-01-01T16:00:00.000Z' };
+  await t.rejects(state.write({ ...before, pending }), /non-regular/);
+  t.same(await state.read('instance:a'), before, 'in memory: the record as it was');
+  t.same(renewalSlotStateSchema.parse(JSON.parse(readFileSync(join(dir, 'instance:a.json'), 'utf8'))), before, 'on disk too: a restart cannot send it either');
 });
 
 t.test("RenewalState: a pending requestId its record lost is restored from the journal at start; a settled or forgotten one is not", async (t) => {
