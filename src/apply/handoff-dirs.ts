@@ -1,4 +1,4 @@
-import { mkdir, stat } from 'node:fs/promises';
+import { mkdirSync, statSync } from 'node:fs';
 import { HANDOFF_ROOT_MODE, type HandoffPaths } from '../data/handoff.js';
 import { ensureOwnDir } from '../fs/own-dir.js';
 
@@ -17,7 +17,7 @@ import { ensureOwnDir } from '../fs/own-dir.js';
  */
 export async function handoffOwners(root: string): Promise<ReadonlySet<number>> {
   // stat, not lstat: an operator may point the hand-off root elsewhere by a symlink.
-  const st = await stat(root);
+  const st = statSync(root);
   return new Set([st.uid, process.geteuid?.() ?? st.uid, 0]);
 }
 
@@ -30,6 +30,7 @@ export type HandoffDir = keyof typeof MODES;
 export async function ensureHandoffDir(paths: HandoffPaths, which: HandoffDir): Promise<void> {
   // The root is install's (or made here on a host never installed: `bind` in a fresh state
   // dir), sticky as install makes it (mkdir keeps the sticky bit, not the setgid one).
-  await mkdir(paths.root, { recursive: true, mode: HANDOFF_ROOT_MODE & 0o1777 });
+  // Synchronous calls: this runs before every slot file apply writes (see ensureOwnDir).
+  mkdirSync(paths.root, { recursive: true, mode: HANDOFF_ROOT_MODE & 0o1777 });
   await ensureOwnDir(paths[which], await handoffOwners(paths.root), MODES[which]);
 }

@@ -1,4 +1,5 @@
-import { lstat, mkdir, readdir, rename, unlink } from 'node:fs/promises';
+import { lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+import { lstat, readdir, rename } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
@@ -57,9 +58,10 @@ export function isNewer(candidate: { tokenId: string; credentialGeneration: numb
  * newer answer may have replaced it meanwhile, and that one must be applied, not deleted.
  */
 async function removeIfSame(path: string, ino: number): Promise<boolean> {
-  const st = await lstat(path).catch(() => undefined);
+  // Two system calls on a file apply just read: synchronous (once per token applied).
+  const st = lstatSync(path, { throwIfNoEntry: false });
   if (!st || st.ino !== ino) return false;
-  await unlink(path);
+  unlinkSync(path);
   return true;
 }
 
@@ -172,7 +174,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
   const files = await deps.tokenFilesFor(slot);
   await locks.with(files, async () => {
     for (const file of files) {
-      await mkdir(dirname(file), { recursive: true, mode: 0o700 });
+      mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
       await sweepOnce(dirname(file));
       await atomicWrite(file, `${msg.token}\n`, {
         mode: 0o600,

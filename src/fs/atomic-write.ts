@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, type Stats, fchmodSync, lstatSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
-import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { closeSync, constants, type Stats, fchmodSync, fchownSync, fstatSync, fsync, lstatSync, openSync, renameSync, statSync, unlinkSync, write, writeSync } from 'node:fs';
+import { access, mkdir, open, readdir, unlink } from 'node:fs/promises';
+import { promisify } from 'node:util';
 import { basename, dirname, join } from 'node:path';
 import { processAlive } from './process-alive.js';
 
@@ -28,45 +29,73 @@ export interface AtomicWriteOptions {
 export async function atomicWrite(path: string, data: string | Uint8Array, options: AtomicWriteOptions = {}): Promise<Stats> {
   const mode = options.mode ?? 0o600;
   const dir = dirname(path);
-  try {
-    const st = await lstat(path);
-    if (st.isSymbolicLink()) throw new Error(`refusing to replace symlink at ${path}`);
-    if (!st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-  }
+  refuseNonRegular(path);
   const tmp = tempPathFor(dir, basename(path));
-  const fh = await open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
+  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+  // Every step but the fsyncs is a synchronous call: for a file of a few hundred bytes each
+  // awaited step cost several times the CPU of its system call (a hop to libuv's pool and
+  // back), and renewal writes several such files per slot. The fsyncs wait on the disk, so
+  // they stay off the event loop. A large file (a desired state) is written off it too.
+  const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   let written: Stats;
   try {
-    if (options.midWrite) {
-      const bytes = typeof data === 'string' ? Buffer.from(data) : data;
-      const half = Math.floor(bytes.length / 2);
-      await fh.write(bytes.subarray(0, half));
-      options.midWrite();
-      await fh.write(bytes.subarray(half));
-    } else {
-      await fh.writeFile(data);
-    }
+    const half = options.midWrite ? Math.floor(bytes.length / 2) : bytes.length;
+    await writeBytes(fd, bytes.subarray(0, half));
+    options.midWrite?.();
+    await writeBytes(fd, bytes.subarray(half));
     // The umask may have narrowed the mode given to open(); set it exactly.
-    await fh.chmod(mode);
-    if (options.owner) await fh.chown(options.owner.uid, options.owner.gid);
-    await fh.sync();
-    written = await fh.stat();
+    fchmodSync(fd, mode);
+    if (options.owner) fchownSync(fd, options.owner.uid, options.owner.gid);
+    await fsyncFd(fd);
+    written = fstatSync(fd);
   } catch (err) {
-    await fh.close().catch(() => undefined);
-    await unlink(tmp).catch(() => undefined);
+    closeQuietly(fd);
+    unlinkQuietly(tmp);
     throw err;
   }
-  await fh.close();
+  closeSync(fd);
   try {
-    await rename(tmp, path);
+    renameSync(tmp, path);
   } catch (err) {
-    await unlink(tmp).catch(() => undefined);
+    unlinkQuietly(tmp);
     throw err;
   }
   await fsyncDir(dir);
   return written;
+}
+
+/** Above this, `atomicWrite` writes the data off the event loop. */
+const SYNC_WRITE_MAX_BYTES = 64 * 1024;
+
+const fsyncFd = promisify(fsync);
+const writeFd = promisify(write);
+
+async function writeBytes(fd: number, bytes: Uint8Array): Promise<void> {
+  if (bytes.length <= SYNC_WRITE_MAX_BYTES) return writeAll(fd, bytes);
+  for (let off = 0; off < bytes.length; ) off += (await writeFd(fd, bytes, off, bytes.length - off)).bytesWritten;
+}
+
+/** A symlink or a non-regular file at the target is refused; nothing there is fine. */
+function refuseNonRegular(path: string): void {
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  if (st?.isSymbolicLink()) throw new Error(`refusing to replace symlink at ${path}`);
+  if (st && !st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    closeSync(fd);
+  } catch {
+    // already closed
+  }
+}
+
+function unlinkQuietly(path: string): void {
+  try {
+    unlinkSync(path);
+  } catch {
+    // never created or already renamed
+  }
 }
 
 /**
@@ -80,9 +109,7 @@ export async function atomicWrite(path: string, data: string | Uint8Array, optio
  */
 export function atomicWriteSync(path: string, data: string, options: Pick<AtomicWriteOptions, 'mode' | 'midWrite'> = {}): void {
   const mode = options.mode ?? 0o600;
-  const st = lstatSync(path, { throwIfNoEntry: false });
-  if (st?.isSymbolicLink()) throw new Error(`refusing to replace symlink at ${path}`);
-  if (st && !st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
+  refuseNonRegular(path);
   const tmp = tempPathFor(dirname(path), basename(path));
   const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   try {
@@ -95,16 +122,8 @@ export function atomicWriteSync(path: string, data: string, options: Pick<Atomic
     closeSync(fd);
     renameSync(tmp, path);
   } catch (err) {
-    try {
-      closeSync(fd);
-    } catch {
-      // already closed
-    }
-    try {
-      unlinkSync(tmp);
-    } catch {
-      // never created or already renamed
-    }
+    closeQuietly(fd);
+    unlinkQuietly(tmp);
     throw err;
   }
 }
@@ -119,16 +138,16 @@ function writeAll(fd: number, bytes: Uint8Array): void {
  */
 export async function ownerFor(dir: string): Promise<{ uid: number; gid: number } | undefined> {
   if (process.getuid?.() !== 0) return undefined;
-  const st = await stat(dir);
+  const st = statSync(dir);
   return st.uid === 0 ? undefined : { uid: st.uid, gid: st.gid };
 }
 
 async function syncDirOnce(dir: string): Promise<void> {
-  const dh = await open(dir, constants.O_RDONLY | constants.O_DIRECTORY);
+  const fd = openSync(dir, constants.O_RDONLY | constants.O_DIRECTORY);
   try {
-    await dh.sync();
+    await fsyncFd(fd);
   } finally {
-    await dh.close();
+    closeSync(fd);
   }
 }
 

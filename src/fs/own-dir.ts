@@ -1,5 +1,4 @@
-import type { Stats } from 'node:fs';
-import { lstat, mkdir } from 'node:fs/promises';
+import { lstatSync, mkdirSync, type Stats } from 'node:fs';
 
 /** A directory refused by `verifyOwnDir`: a symlink, not a directory, or someone else's. */
 export class UnsafeDirError extends Error {
@@ -24,7 +23,10 @@ export class UnsafeDirError extends Error {
  * entries of a 2770 directory) is checked before each use, not once.
  */
 export async function verifyOwnDir(path: string, owners: ReadonlySet<number>): Promise<Stats> {
-  const st = await lstat(path);
+  return verifiedStat(path, lstatSync(path), owners);
+}
+
+function verifiedStat(path: string, st: Stats, owners: ReadonlySet<number>): Stats {
   if (st.isSymbolicLink()) throw new UnsafeDirError(path, 'symlink');
   if (!st.isDirectory()) throw new UnsafeDirError(path, 'not-directory');
   if (!owners.has(st.uid)) throw new UnsafeDirError(path, 'owner');
@@ -37,8 +39,15 @@ export async function verifyOwnDir(path: string, owners: ReadonlySet<number>): P
  * the last component, so a planted link is found by the check, not written through.
  */
 export async function ensureOwnDir(path: string, owners: ReadonlySet<number>, mode: number): Promise<Stats> {
-  await mkdir(path, { mode }).catch((err: NodeJS.ErrnoException) => {
-    if (err.code !== 'EEXIST') throw err;
-  });
-  return verifyOwnDir(path, owners);
+  // Synchronous calls, and mkdir only when lstat found nothing: apply checks slots/ before
+  // each slot file it writes, and an awaited mkdir failing with EEXIST then an awaited lstat
+  // cost more than the rest of a renewal's slot-file write.
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  if (st) return verifiedStat(path, st, owners);
+  try {
+    mkdirSync(path, { mode });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  }
+  return verifiedStat(path, lstatSync(path), owners);
 }

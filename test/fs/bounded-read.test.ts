@@ -75,3 +75,20 @@ t.test('the message names the rule, never the content', async (t) => {
   t.notMatch((err as Error).message, /tok-secret/);
   t.match((err as Error).message, /larger than 10 bytes/);
 });
+
+t.test('the same answers whether the bound is read in synchronous calls (small) or off the event loop (large)', async (t) => {
+  const { SYNC_READ_MAX_BYTES } = await import('../../src/fs/bounded-read.js');
+  const d = tempDir('ac-bounded-', t);
+  const fifo = join(d, 'fifo');
+  execFileSync('mkfifo', [fifo]);
+  symlinkSync('/dev/zero', join(d, 'to-zero'));
+  for (const max of [SYNC_READ_MAX_BYTES, SYNC_READ_MAX_BYTES + 1]) {
+    const exact = join(d, `exact-${max}`);
+    writeFileSync(exact, `${'é'.repeat(Math.floor(max / 2) - 1)}${'x'.repeat(2 + (max % 2))}`);
+    t.equal(Buffer.byteLength((await readBoundedRegularFile(exact, max)).text), max, `${max}: exactly the bound is read whole`);
+    appendFileSync(exact, 'x');
+    t.equal(await refusal(exact, max), 'too-large', `${max}: one byte more is refused`);
+    t.equal(await refusal(fifo, max), 'not-regular', `${max}: a FIFO is refused at once`);
+    t.equal(await refusal(join(d, 'to-zero'), max), 'symlink', `${max}: a symlink is not followed`);
+  }
+});

@@ -95,14 +95,11 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       midWrite: () => crashPoint('fetch-mid-inbox-write'),
     });
     crashPoint('fetch-after-inbox');
-    // Not fsynced (renewal-state.ts): the inbox file, fsynced above, is what must survive.
-    await deps.state.write(
-      {
-        slot: slot.slot,
-        delivered: { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: body.credentialGeneration, receivedAt: new Date(now()).toISOString() },
-      },
-      { durable: false },
-    );
+    // The inbox file, fsynced above, is what must survive (renewal-state.ts's write()).
+    await deps.state.write({
+      slot: slot.slot,
+      delivered: { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: body.credentialGeneration, receivedAt: new Date(now()).toISOString() },
+    });
     return { kind: 'renewed', tokenId: body.tokenId, expiresAt: body.expiresAt };
   }
   if (status === 409) {

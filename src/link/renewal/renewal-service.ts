@@ -94,6 +94,8 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       for (const dir of [paths.inbox, state.dir]) {
         for (const file of await sweepStaleTemps(dir)) log.info({ file }, 'removed a temp file left by an interrupted write');
       }
+      const restored = state.recover();
+      if (restored.length > 0) log.warn({ slots: restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
       const renewDeps: RenewDeps = { paths, state, credential, log, signal };
       const slotStates = new Map<string, SlotPolicyState>();
       // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
@@ -200,7 +202,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           if (slot.revoked) continue;
           const current = slotStates.get(slot.slot) ?? freshSlot;
           // Not due: no place taken (a scan of 10 000 settled slots starts nothing).
-          const due = dueAt(slot, await state.read(slot.slot), current);
+          const due = dueAt(slot, state.readSync(slot.slot), current);
           if (due > Date.now()) {
             if (!current.settled) unsettled += 1;
             next = Math.min(next, due);
