@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { commandSchema, duplicateCommand, providerNameSchema, providerPortProblem, providerSchema, type Catalog } from './catalog.js';
 import { isLoopbackHostname } from '../net/loopback-address.js';
-import { checkWith, parseJsonText, type ParseResult } from './parse.js';
+import { checkWith, parseJsonText, sameJsonValue, type ParseResult } from './parse.js';
 import { tlsCatalogProblem } from './tls-hosts.js';
 import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
 import { cliSlot, instanceSlot } from './renew-wire.js';
@@ -128,7 +128,7 @@ function unchangedReused(json: unknown, previous: ValidatedState): ParseResult<D
   const bindingIds = Object.keys(bindings);
   const providerNames = Object.keys(providers);
   if (bindingIds.length > MAX_BINDINGS || providerNames.length > MAX_PROVIDERS) return undefined;
-  const same = (before: JsonRecord, now: JsonRecord, key: string): boolean => Object.hasOwn(before, key) && JSON.stringify(before[key]) === JSON.stringify(now[key]);
+  const same = (before: JsonRecord, now: JsonRecord, key: string): boolean => Object.hasOwn(before, key) && sameJsonValue(before[key], now[key]);
   // Object.fromEntries defines own properties: a `__proto__` key stays a key, which the schema refuses.
   const changedIds = bindingIds.filter((id) => !same(previous.json.bindings, bindings, id));
   const changedNames = providerNames.filter((name) => !same(previous.json.providers, providers, name));
