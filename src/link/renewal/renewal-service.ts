@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { FetchIncompleteError } from '../../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../../fs/atomic-write.js';
 import { watchDir } from '../../fs/dir-watch.js';
-import { SlotCache } from '../../data/slot-cache.js';
+import { SlotCache, type SlotEntry } from '../../data/slot-cache.js';
 import type { Logger } from '../../log/logger.js';
 import type { RenewalMetrics } from '../../metrics/renewal-metrics.js';
 import { runLoop } from '../../service/loop.js';
@@ -22,6 +22,7 @@ import {
 } from './policy.js';
 import { defaultBackoff, type BackoffOptions } from './schedule.js';
 import { RenewPool } from './renew-pool.js';
+import { DueQueue } from './due-queue.js';
 
 export interface RenewalConfig {
   handoffDir: string;
@@ -98,10 +99,38 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       if (restored.length > 0) log.warn({ slots: restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
       const renewDeps: RenewDeps = { paths, state, credential, log, signal };
       const slotStates = new Map<string, SlotPolicyState>();
+      /** The slots whose policy state owes an attempt (`--once` waits for them). */
+      const unsettledSlots = new Set<string>();
+      const setPolicy = (slot: string, st: SlotPolicyState): void => {
+        slotStates.set(slot, st);
+        if (st.settled) unsettledSlots.delete(slot);
+        else unsettledSlots.add(slot);
+      };
       // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
       const slotCache = new SlotCache(paths, config.maxSleepMs);
-      /** Slots seen at the last scan: one gone since was retired (SPEC §8 reconcile). */
-      let seen = new Set<string>();
+      /**
+       * Every slot file as last read (valid or not): one gone since was retired (SPEC §8
+       * reconcile). Fed by the cache's changes, so a wake costs what changed, not every slot.
+       */
+      const slots = new Map<string, SlotEntry>();
+      /** When each renewable slot is next due; a slot popped from it is attempted, then rescheduled. */
+      const queue = new DueQueue();
+      /** Set when something every slot's due time depends on changed (the credential, its records forgotten). */
+      let rescheduleAll = false;
+      /**
+       * Puts the slot at its due time, or out of the queue (invalid, revoked, gone). The
+       * time depends on its slot file, its record and its policy state: each change of one
+       * of them calls this (a change of the file through the cache, the others after its
+       * attempt, or for all slots after a credential change).
+       */
+      const reschedule = (id: string): void => {
+        const entry = slots.get(id);
+        if (entry === undefined || 'error' in entry || entry.revoked === true) {
+          queue.remove(id);
+          return;
+        }
+        queue.schedule(id, dueAt(entry, state.readSync(id), slotStates.get(id) ?? freshSlot));
+      };
       let unsettled = 0;
       let unusableLogged = false;
 
@@ -114,16 +143,48 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       // A resume after a halt (of any part of the link): the failures' backoff was possibly
       // the refused credential's doing, so it is forgotten.
       const offResume = credential.onChange(() => {
+        rescheduleAll = true;
         if (credential.halted) {
           // The refused credential's requestIds and deliveries mean nothing to the next one
           // (a new enrolment), and apply deletes every slot of a revoked host.
           slotStates.clear();
-          void state.recorded().then((slots) => Promise.all(slots.map((s) => state.forget(s))));
+          unsettledSlots.clear();
+          void state
+            .recorded()
+            .then((recorded) => Promise.all(recorded.map((s) => state.forget(s))))
+            // Their due times were computed from the records just forgotten.
+            .then(() => {
+              rescheduleAll = true;
+            });
           return;
         }
         log.info('host credential changed; resuming renewals');
-        for (const [slot, st] of slotStates) slotStates.set(slot, afterCredentialChange(st));
+        for (const [slot, st] of slotStates) setPolicy(slot, afterCredentialChange(st));
       });
+
+      // sd_notify's STATUS= runs a process (systemd-notify): with a step per slot-file change,
+      // 10 000 slots would spawn 10 000 of them. At most one a second, the latest text
+      // last; a halt goes out at once.
+      let statusText = '';
+      let statusAt = 0;
+      let statusTimer: NodeJS.Timeout | undefined;
+      const status = (text: string, urgent = false): void => {
+        if (!notifier.enabled || text === statusText) return;
+        statusText = text;
+        const wait = urgent ? 0 : statusAt + 1_000 - Date.now();
+        if (wait > 0) {
+          statusTimer ??= setTimeout(() => {
+            statusTimer = undefined;
+            statusAt = Date.now();
+            void notifier.status(statusText);
+          }, wait);
+          return;
+        }
+        clearTimeout(statusTimer);
+        statusTimer = undefined;
+        statusAt = Date.now();
+        void notifier.status(text);
+      };
 
       const pool = new RenewPool({ max: config.concurrency });
       /** Renewals in flight, by slot: one whose slot is retired meanwhile is cut (renewSlot's signal). */
@@ -154,7 +215,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
         const decision = decide(current, outcome, Date.now(), { backoff: config.backoff });
         if (decision.kind === 'halt') return 'halt';
-        slotStates.set(slot.slot, decision.state);
+        setPolicy(slot.slot, decision.state);
         logDecision(log, slot.slot, outcome, decision);
         return decision.at;
       };
@@ -163,7 +224,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         const now = Date.now();
         const read = credential.read();
         if (read.kind === 'halted') {
-          void notifier.status('halted: host credential rejected (401)');
+          status('halted: host credential rejected (401)', true);
           return config.maxSleepMs;
         }
         if (read.kind === 'unusable') {
@@ -173,73 +234,86 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           return config.maxSleepMs;
         }
         unusableLogged = false;
-        const { slots, errors } = await slotCache.current(now);
-        for (const e of errors) log.warn(e, 'ignoring invalid slot file');
+        const changes = await slotCache.changes(now);
         // A retired slot's memory must not outlive it: connected again, its new slot file
         // (generation 0) would look already delivered and wait out the old token's schedule.
         // Gone means no file at all (by name): a file unreadable for a moment is still there.
-        const present = slotCache.present();
-        for (const gone of [...seen].filter((s) => !present.has(s))) {
+        for (const gone of changes.removed) {
+          if (!slots.delete(gone)) continue;
+          queue.remove(gone);
           slotStates.delete(gone);
+          unsettledSlots.delete(gone);
+          config.metrics?.forget(gone);
           await state.forget(gone);
         }
-        seen = present;
-        let next = now + config.maxSleepMs;
-        unsettled = 0;
-        for (const slot of slots) {
+        for (const entry of changes.updated) {
+          slots.set(entry.slot, entry);
+          if ('error' in entry) log.warn({ file: entry.file, error: entry.error }, 'ignoring invalid slot file');
           // The token in force is the one apply wrote, so the slot file tells its expiry.
-          if (slot.revoked) config.metrics?.forget(slot.slot);
-          else if (slot.expiresAt) config.metrics?.expiry(slot.slot, slot.expiresAt);
+          else if (entry.revoked) config.metrics?.forget(entry.slot);
+          else if (entry.expiresAt) config.metrics?.expiry(entry.slot, entry.expiresAt);
+          if (!rescheduleAll) reschedule(entry.slot);
         }
-        // Bounded, adaptive concurrency across slots (renew-pool.ts); one slot is attempted at
-        // most once per step, so its requestId, backoff and order of attempts are exactly as
-        // when run one by one.
+        if (rescheduleAll) {
+          rescheduleAll = false;
+          for (const id of slots.keys()) reschedule(id);
+        }
+        // Bounded, adaptive concurrency across slots (renew-pool.ts); a slot popped from the
+        // queue goes back only once the step has ended, so it is attempted at most once per
+        // step and its requestId, backoff and order of attempts are exactly as when run one
+        // by one. Slots not due are not looked at (a step over 10 000 settled slots is a peek).
         let halted: string | undefined; // the slot whose renewal met the 401
         let failure: { err: unknown } | undefined;
         const running = new Set<Promise<void>>();
-        for (const slot of slots) {
-          if (signal.aborted || halted !== undefined || failure) break;
-          if (slot.revoked) continue;
-          const current = slotStates.get(slot.slot) ?? freshSlot;
-          // Not due: no place taken (a scan of 10 000 settled slots starts nothing).
-          const due = dueAt(slot, state.readSync(slot.slot), current);
-          if (due > Date.now()) {
-            if (!current.settled) unsettled += 1;
-            next = Math.min(next, due);
-            continue;
+        const taken: string[] = [];
+        try {
+          for (;;) {
+            if (signal.aborted || halted !== undefined || failure) break;
+            const id = queue.popDue(Date.now());
+            if (id === undefined) break;
+            taken.push(id);
+            const slot = slots.get(id);
+            // Only valid, unrevoked slots are queued (reschedule), and `slots` changes only above.
+            if (slot === undefined || 'error' in slot) continue;
+            if (!(await pool.acquire(signal))) break;
+            if (halted !== undefined || failure || !existsSync(join(paths.slots, slotFileName(id)))) {
+              // Halted, failed or retired while this slot waited for its place.
+              pool.release({ overloaded: false, latencyMs: 0 });
+              if (halted !== undefined || failure) break;
+              continue;
+            }
+            const run = attempt(slot, read.credential)
+              .then((at) => {
+                if (at === 'halt') halted ??= id;
+              })
+              .catch((err: unknown) => {
+                failure ??= { err };
+              })
+              .finally(() => running.delete(run));
+            running.add(run);
           }
-          if (!(await pool.acquire(signal))) break;
-          if (halted !== undefined || failure || !existsSync(join(paths.slots, slotFileName(slot.slot)))) {
-            // Halted, failed or retired while this slot waited for its place.
-            pool.release({ overloaded: false, latencyMs: 0 });
-            if (halted !== undefined || failure) break;
-            continue;
-          }
-          const run = attempt(slot, read.credential)
-            .then((at) => {
-              if (at === 'halt') {
-                halted ??= slot.slot;
-                return;
-              }
-              if (!(slotStates.get(slot.slot) ?? freshSlot).settled) unsettled += 1;
-              next = Math.min(next, at);
-            })
-            .catch((err: unknown) => {
-              failure ??= { err };
-            })
-            .finally(() => running.delete(run));
-          running.add(run);
+          await Promise.all(running);
+        } finally {
+          // Back in the queue at the time their new state says (attempted or not).
+          for (const id of taken) reschedule(id);
         }
-        await Promise.all(running);
+        if (config.once) {
+          unsettled = 0;
+          for (const id of unsettledSlots) {
+            const entry = slots.get(id);
+            if (entry !== undefined && !('error' in entry) && entry.revoked !== true) unsettled += 1;
+          }
+        }
         if (failure) throw failure.err;
         if (halted !== undefined) {
           // The credential logged the halt once for the whole link.
           unsettled += 1;
           log.warn({ slot: halted }, 'renewals halted with the link');
-          void notifier.status('halted: host credential rejected (401)');
+          status('halted: host credential rejected (401)', true);
           return config.maxSleepMs;
         }
-        void notifier.status(`${slots.length} slot(s); next renewal in ${Math.max(0, Math.round((next - Date.now()) / 1000))} s`);
+        const next = Math.min(now + config.maxSleepMs, queue.peekDue() ?? Infinity);
+        status(`${slots.size} slot(s); next renewal in ${Math.max(0, Math.round((next - Date.now()) / 1000))} s`);
         return Math.max(0, next - Date.now());
       };
 
@@ -312,6 +386,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           unwatch();
         }
       } finally {
+        clearTimeout(statusTimer);
         pool.close();
         offResume();
       }
