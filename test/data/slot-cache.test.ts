@@ -102,3 +102,37 @@ t.test('watchDir on a missing directory reports the error and returns a no-op st
   t.equal(errors.length, 1, 'one error');
   t.match(errors[0], /ENOENT/, 'naming the cause');
 });
+
+t.test('SlotCache.changes: what changed since the last call, a full rescan saying what is gone', async (t) => {
+  const { paths, write } = setup();
+  write('instance:a');
+  write('instance:b');
+  const cache = new SlotCache(paths, 60_000);
+  const first = await cache.changes(0);
+  t.equal(first.full, true, 'the first call is a full scan');
+  t.strictSame(first.updated.map((e) => e.slot), ['instance:a', 'instance:b']);
+  t.strictSame(first.removed, []);
+
+  t.strictSame(await cache.changes(1), { full: false, updated: [], removed: [] }, 'nothing reported, nothing changed');
+
+  write('instance:a', { ...emptySlotFile('instance:a'), tokenId: 'tok_1', expiresAt: '2030-01-01T00:00:00.000Z' });
+  write('instance:c', '{not json');
+  rmSync(join(paths.slots, slotFileName('instance:b')));
+  for (const s of ['instance:a', 'instance:b', 'instance:c', 'instance:a']) cache.changed(slotFileName(s));
+  const next = await cache.changes(2);
+  t.equal(next.full, false);
+  t.strictSame(
+    next.updated.map((e) => ('error' in e ? `${e.slot}!` : `${e.slot}:${e.tokenId ?? ''}`)),
+    ['instance:a:tok_1', 'instance:c!'],
+    'each changed slot once, an invalid one as an error',
+  );
+  t.strictSame(next.removed, ['instance:b'], 'a deleted file is removed');
+
+  // Changes no event reported: the rescan finds them, and says which slots went.
+  rmSync(join(paths.slots, slotFileName('instance:a')));
+  write('instance:d');
+  const full = await cache.changes(60_002);
+  t.equal(full.full, true, 'the periodic rescan');
+  t.strictSame(full.updated.map((e) => e.slot).sort(), ['instance:c', 'instance:d']);
+  t.strictSame(full.removed, ['instance:a']);
+});

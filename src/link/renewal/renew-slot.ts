@@ -43,6 +43,23 @@ export function expectationFor(slot: SlotFile, state: RenewalSlotState): string 
 }
 
 /**
+ * The hand-off to apply, fsynced (atomicWrite) before the record says delivered. The inbox
+ * exists (the service checked it at start): made again only when a write finds it gone,
+ * not with a mkdir before every renewal (a system call and a thread-pool hop each).
+ */
+async function writeInbox(paths: HandoffPaths, slot: string, text: string, midWrite?: () => void): Promise<void> {
+  const path = join(paths.inbox, slotFileName(slot));
+  const options = { mode: 0o640, ...(midWrite && { midWrite }) };
+  try {
+    await atomicWrite(path, text, options);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    await mkdir(paths.inbox, { recursive: true });
+    await atomicWrite(path, text, options);
+  }
+}
+
+/**
  * One renewal attempt for one slot. The requestId is made durable before anything is
  * sent and reused until the renewal settles, so a crash at any point, or a lost answer,
  * can never mint a second token: the retry is answered with the one already minted.
@@ -89,11 +106,7 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       return { kind: 'retry', reason: 'invalid answer' };
     }
     const body = ok.value;
-    await mkdir(deps.paths.inbox, { recursive: true });
-    await atomicWrite(join(deps.paths.inbox, slotFileName(slot.slot)), `${JSON.stringify(body)}\n`, {
-      mode: 0o640,
-      midWrite: () => crashPoint('fetch-mid-inbox-write'),
-    });
+    await writeInbox(deps.paths, slot.slot, `${JSON.stringify(body)}\n`, () => crashPoint('fetch-mid-inbox-write'));
     crashPoint('fetch-after-inbox');
     // The inbox file, fsynced above, is what must survive (renewal-state.ts's write()).
     await deps.state.write({
@@ -112,12 +125,7 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
     return { kind: 'conflict', currentTokenId: conflict.value.currentTokenId };
   }
   if (status === 404) {
-    await mkdir(deps.paths.inbox, { recursive: true });
-    await atomicWrite(
-      join(deps.paths.inbox, slotFileName(slot.slot)),
-      `${JSON.stringify({ slot: slot.slot, revoked: true, at: new Date(now()).toISOString() })}\n`,
-      { mode: 0o640 },
-    );
+    await writeInbox(deps.paths, slot.slot, `${JSON.stringify({ slot: slot.slot, revoked: true, at: new Date(now()).toISOString() })}\n`);
     const { pending: _settled, ...rest } = state;
     await deps.state.write(rest);
     return { kind: 'revoked' };
