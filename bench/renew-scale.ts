@@ -18,15 +18,22 @@
  *
  * Not a test: it asserts nothing about time, it prints figures.
  */
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, rmSync, watch, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, watch, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { DEFAULT_CLI } from './lib/paths.js';
-import { cpuMicros, freePort, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
+import { CLK_TCK, cpuMicros, freePort, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
 import { appliedVersion, okUpstream, peakRssBytes, spread as spreadOf, status, until, type Spread } from './link.js';
 
 const peakRssMiB = (pid: number): number => Math.round(peakRssBytes(pid) / MiB);
+
+/** utime and stime (µs) apart: how much of a part's CPU is its system calls. */
+function userSystemMicros(pid: number): { user: number; system: number } {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return { user: (Number(fields[11]) * 1e6) / CLK_TCK, system: (Number(fields[12]) * 1e6) / CLK_TCK };
+}
 
 const HOST_ID = 'bench-host';
 const MiB = 1024 * 1024;
@@ -220,7 +227,7 @@ async function burstPhase(
     const many = o.bindings - o.probes;
     log(`renew scale: ${o.probes} probes served; publishing ${many} bindings`);
     const load0 = loadavg()[0] ?? NaN;
-    const cpu0 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage() };
+    const cpu0 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(), linkSplit: userSystemMicros(host.link) };
     const t0 = performance.now();
     host.gw.control.connectBindings(bindingsOf('many', many, upstream));
     const version = host.gw.control.version;
@@ -257,7 +264,7 @@ async function burstPhase(
       (allMs === undefined ? during : after).push(ms);
     }
     await watcher;
-    const cpu1 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(cpu0.bench) };
+    const cpu1 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(cpu0.bench), linkSplit: userSystemMicros(host.link) };
     const renewMs = allMs === undefined ? undefined : allMs - inForceMs;
     return {
       loadavg1: { start: Math.round(load0 * 10) / 10, end: Math.round((loadavg()[0] ?? NaN) * 10) / 10 },
@@ -269,6 +276,8 @@ async function burstPhase(
       slotsPerSecondAfterInForce: renewMs === undefined ? null : Math.round(((many - tokensAtInForce) / renewMs) * 1000),
       cpuSecondsUntilAllTokens: {
         link: Math.round((cpu1.link - cpu0.link) / 1e5) / 10,
+        linkUser: Math.round((cpu1.linkSplit.user - cpu0.linkSplit.user) / 1e5) / 10,
+        linkSystem: Math.round((cpu1.linkSplit.system - cpu0.linkSplit.system) / 1e5) / 10,
         apply: Math.round((cpu1.apply - cpu0.apply) / 1e5) / 10,
         // This process: the mock Gateway's renewals, plus the bench's own watching (the token
         // directory's file events, a listing every 5 s, and the probes' requests).
