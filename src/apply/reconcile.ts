@@ -22,14 +22,24 @@ import { deleteFile, eachInParallel, ensureSlots, retireSlot } from './slot-admi
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
  * as a whole, applied completely or not at all. The plan is pure (current vs desired); the
  * executor runs it in a crash-safe order:
- *   1. slot files for new slots (fetch renews them at once)
- *   2. instances.json and providers.json, atomically, 0600
- *   3. for what is gone: token file deleted, then its slot retired (the slot file is the
+ *   1. instances.json and providers.json, atomically, 0600: what the proxies serve (a new
+ *      binding answers 503 `token_unavailable` until its token exists)
+ *   2. shims re-rendered (injected: apply must not import shims/)
+ *   3. slot files for new slots (the link renews them at once)
+ *   4. for what is gone: token file deleted, then its slot retired (the slot file is the
  *      durable reminder, so a crash between the two still cleans up on the next run)
- *   4. shims re-rendered (injected: apply must not import shims/)
  *   5. applied-state.json
  * A crash anywhere before 5 leaves the version not in force, and the next run re-applies
  * it; every step is idempotent.
+ *
+ * The registry goes before the slot files: the bound is the state in force (every binding
+ * answering) within 2 s, and 11 000 new slot files cost apply seconds on a busy disk while
+ * they only start renewals, which cannot finish before the registry names the binding
+ * anyway. A crash between 1 and 3 leaves bindings in the registry with no slot file yet;
+ * applied-state is not written, so the next run re-applies the version: the plan's slots
+ * come from the listing of slots/ (the new ones are missing, so they are written) and the
+ * registry in force (nothing is retired that the state still wants), and what is gone is
+ * found from the slot files still there (`planReconcile`).
  */
 
 export interface ReconcileCurrent {
@@ -271,24 +281,24 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     };
     const plan = planReconcile(current, desired, deps.layout);
 
-    // 1. new slots first: a binding in the registry always has a slot to renew it.
-    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
-    crashPoint('reconcile-after-slots');
-    // 2. the registry and the catalog.
+    // 1. the registry and the catalog: what the proxies serve, first (see the order above).
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
     crashPoint('reconcile-after-registry-write');
     if (plan.writeCatalog) await writeConfig(deps.local.catalog, plan.catalog);
     crashPoint('reconcile-after-catalog-write');
-    // 3. what is gone: token file first, then the slot (the slot file is the reminder).
+    // 2. shims for the catalog now in force.
+    await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
+    crashPoint('reconcile-after-shims');
+    // 3. slot files: the new ones start renewals; the rest are checked (revived if revoked).
+    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
+    crashPoint('reconcile-after-slots');
+    // 4. what is gone: token file first, then the slot (the slot file is the reminder).
     let deleted = 0;
     for (const file of plan.deleteTokenFiles) if (await deleteFile(file)) deleted += 1;
     crashPoint('reconcile-after-token-deletion');
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
-    crashPoint('reconcile-after-slot-retire');
-    // 4. shims for the catalog now in force.
-    await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
     // The last point before the version is in force.
-    crashPoint('reconcile-after-shims');
+    crashPoint('reconcile-after-slot-retire');
     // 5. in force.
     // A rejection of something newer than what is now in force stays on record.
     const rejected = applied.rejected && (applied.rejected.version === null || applied.rejected.version > desired.version) ? { rejected: applied.rejected } : {};
