@@ -5,7 +5,7 @@ import { appliedStatePath, readAppliedState, type AppliedState } from '../data/a
 import type { Catalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
 import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredStateAfter, slotsOf, toLocalConfig, type DesiredState, type ValidatedState } from '../data/desired-state.js';
-import type { ParseResult } from '../data/parse.js';
+import { sameJsonValue, type ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
@@ -65,7 +65,11 @@ export interface ReconcilePlan {
   deleteTokenFiles: string[];
 }
 
-const sameJson = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
+/**
+ * Whether a file needs writing: `sameJsonValue` stops at the first difference (a new or
+ * dropped binding: the key counts) where stringifying both 2 MB registries did not.
+ */
+const sameJson = sameJsonValue;
 
 /** The default token file of a slot (where apply wrote it when no config named one). */
 function defaultTokenFile(slot: string, layout: TokenLayout): string | undefined {
@@ -79,19 +83,27 @@ export function planReconcile(
   desired: DesiredState,
   layout: TokenLayout,
 ): ReconcilePlan {
+  // O(n) passes without intermediate arrays: with 10 000 in force this runs for every
+  // change of one binding, before the registry is written.
   const { instances, catalog } = toLocalConfig(desired, layout);
   const wanted = slotsOf(desired);
   const ensureSlots = [...wanted].sort();
   const newSlots = ensureSlots.filter((s) => !current.slots.has(s));
-  const currentSlots = new Set([...current.slots, ...slotsOf({ bindings: current.instances, providers: current.catalog })]);
-  const retireSlots = [...currentSlots].filter((s) => !wanted.has(s)).sort();
-  const keep = new Set([...Object.values(instances).map((b) => b.tokenFile), ...Object.values(catalog).map((p) => p.tokenFile)]);
-  const candidates = new Set<string>([
-    ...Object.values(current.instances).map((b) => b.tokenFile),
-    ...Object.values(current.catalog).map((p) => p.tokenFile),
-    ...retireSlots.flatMap((s) => defaultTokenFile(s, layout) ?? []),
-  ]);
-  const deleteTokenFiles = [...candidates].filter((f) => !keep.has(f)).sort();
+  const retire = new Set<string>();
+  for (const s of current.slots) if (!wanted.has(s)) retire.add(s);
+  for (const s of slotsOf({ bindings: current.instances, providers: current.catalog })) if (!wanted.has(s)) retire.add(s);
+  const retireSlots = [...retire].sort();
+  const keep = new Set<string>();
+  for (const b of Object.values(instances)) keep.add(b.tokenFile);
+  for (const p of Object.values(catalog)) keep.add(p.tokenFile);
+  const gone = new Set<string>();
+  const consider = (file: string | undefined): void => {
+    if (file !== undefined && !keep.has(file)) gone.add(file);
+  };
+  for (const b of Object.values(current.instances)) consider(b.tokenFile);
+  for (const p of Object.values(current.catalog)) consider(p.tokenFile);
+  for (const s of retireSlots) consider(defaultTokenFile(s, layout));
+  const deleteTokenFiles = [...gone].sort();
   return {
     instances,
     catalog,
