@@ -9,7 +9,9 @@
  * - apply applied it (applied-state.json; its log line), and rendered the shims
  * - the forwarder loaded the registry, the cli-proxy the catalog (with N and N/10 entries)
  * - a sample of bindings and providers answers (503 `token_unavailable` until its token is
- *   there, then 200; 404 before), polled by this process: "in force" is the last of these and the shims
+ *   there, then 200; 404 before), polled by this process: "in force" is the last of these,
+ *   the registry and catalog loads and the shims (apply's "applied", which also waits for
+ *   the new slot files, is reported beside it)
  * - one binding disconnected: published → the forwarder answers 404 for it (right after in
  *   force, while the first renewals run, and again after the idle window)
  * - every binding and provider holds a token (the link's renewals; reported, not the goal here)
@@ -197,7 +199,10 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       sampleServed,
     ]);
     const cpuToInForceMs = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((cpuMicros(part(p).pid) - (cpu0.get(p) ?? 0)) / 1000)])) as Record<PartName, number>;
-    const inForce = Math.max(served, shims, appliedAt);
+    // In force: every binding and provider loaded and answering, the shims rendered. apply's
+    // `desired state applied` (the slot files written, applied-state.json) is its own
+    // column: since session 10 it comes after the registry (src/apply/reconcile.ts).
+    const inForce = Math.max(served, shims, registry, cat);
     log(`  in force after ${inForce - published} ms`);
     // Bindings outside the sample, so the sample's figures are not disturbed.
     const sampled = new Set(bSample);

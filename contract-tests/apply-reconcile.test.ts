@@ -189,6 +189,9 @@ t.test('apply SIGKILLed right after writing the registry converges after a resta
   const exit = await within(crashing.exited, 10_000, 'apply to be killed at the crash point');
   t.equal(exit.signal, 'SIGKILL', 'killed at the crash point');
   t.ok(Object.hasOwn(readJson(join(w.state, 'mcp-forwarder', 'instances.json')), B2), 'the registry was written');
+  // The registry goes first (the state in force sooner); the new binding's slot file follows it.
+  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'the new slot file not yet written');
+  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'the dropped binding\'s slot still there (the reminder)');
   t.ok(existsSync(w.instanceToken('inst-a')), 'the dropped binding\'s token not yet deleted');
   t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 1 }, 'version 2 not in force');
 

@@ -17,13 +17,14 @@ import { appliedLine, filesHolding, HANDED_OVER, hostWorld, killedAt, readJson, 
  * shim directory) throughout, and must never see a partial or invalid one.
  */
 
+/** In the order reconcile passes them (src/apply/reconcile.ts): the registry and catalog, shims, slots, then what is gone. */
 const APPLY_POINTS = [
-  'reconcile-after-slots',
   'reconcile-after-registry-write',
   'reconcile-after-catalog-write',
+  'reconcile-after-shims',
+  'reconcile-after-slots',
   'reconcile-after-token-deletion',
   'reconcile-after-slot-retire',
-  'reconcile-after-shims',
 ];
 
 // Seven kills and restarts, each two CLI start-ups and a renewal: ~45 s idle.

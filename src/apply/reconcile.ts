@@ -5,7 +5,7 @@ import { appliedStatePath, readAppliedState, type AppliedState } from '../data/a
 import type { Catalog } from '../data/catalog.js';
 import { hostToolProblem } from '../data/catalog-rules.js';
 import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesiredStateAfter, slotsOf, toLocalConfig, type DesiredState, type ValidatedState } from '../data/desired-state.js';
-import type { ParseResult } from '../data/parse.js';
+import { sameJsonValue, type ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
 import { parseSlotId } from '../data/renew-wire.js';
@@ -22,14 +22,24 @@ import { deleteFile, eachInParallel, ensureSlots, retireSlot } from './slot-admi
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
  * as a whole, applied completely or not at all. The plan is pure (current vs desired); the
  * executor runs it in a crash-safe order:
- *   1. slot files for new slots (fetch renews them at once)
- *   2. instances.json and providers.json, atomically, 0600
- *   3. for what is gone: token file deleted, then its slot retired (the slot file is the
+ *   1. instances.json and providers.json, atomically, 0600: what the proxies serve (a new
+ *      binding answers 503 `token_unavailable` until its token exists)
+ *   2. shims re-rendered (injected: apply must not import shims/)
+ *   3. slot files for new slots (the link renews them at once)
+ *   4. for what is gone: token file deleted, then its slot retired (the slot file is the
  *      durable reminder, so a crash between the two still cleans up on the next run)
- *   4. shims re-rendered (injected: apply must not import shims/)
  *   5. applied-state.json
  * A crash anywhere before 5 leaves the version not in force, and the next run re-applies
  * it; every step is idempotent.
+ *
+ * The registry goes before the slot files: the bound is the state in force (every binding
+ * answering) within 2 s, and 11 000 new slot files cost apply seconds on a busy disk while
+ * they only start renewals, which cannot finish before the registry names the binding
+ * anyway. A crash between 1 and 3 leaves bindings in the registry with no slot file yet;
+ * applied-state is not written, so the next run re-applies the version: the plan's slots
+ * come from the listing of slots/ (the new ones are missing, so they are written) and the
+ * registry in force (nothing is retired that the state still wants), and what is gone is
+ * found from the slot files still there (`planReconcile`).
  */
 
 export interface ReconcileCurrent {
@@ -55,7 +65,11 @@ export interface ReconcilePlan {
   deleteTokenFiles: string[];
 }
 
-const sameJson = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
+/**
+ * Whether a file needs writing: `sameJsonValue` stops at the first difference (a new or
+ * dropped binding: the key counts) where stringifying both 2 MB registries did not.
+ */
+const sameJson = sameJsonValue;
 
 /** The default token file of a slot (where apply wrote it when no config named one). */
 function defaultTokenFile(slot: string, layout: TokenLayout): string | undefined {
@@ -69,19 +83,27 @@ export function planReconcile(
   desired: DesiredState,
   layout: TokenLayout,
 ): ReconcilePlan {
+  // O(n) passes without intermediate arrays: with 10 000 in force this runs for every
+  // change of one binding, before the registry is written.
   const { instances, catalog } = toLocalConfig(desired, layout);
   const wanted = slotsOf(desired);
   const ensureSlots = [...wanted].sort();
   const newSlots = ensureSlots.filter((s) => !current.slots.has(s));
-  const currentSlots = new Set([...current.slots, ...slotsOf({ bindings: current.instances, providers: current.catalog })]);
-  const retireSlots = [...currentSlots].filter((s) => !wanted.has(s)).sort();
-  const keep = new Set([...Object.values(instances).map((b) => b.tokenFile), ...Object.values(catalog).map((p) => p.tokenFile)]);
-  const candidates = new Set<string>([
-    ...Object.values(current.instances).map((b) => b.tokenFile),
-    ...Object.values(current.catalog).map((p) => p.tokenFile),
-    ...retireSlots.flatMap((s) => defaultTokenFile(s, layout) ?? []),
-  ]);
-  const deleteTokenFiles = [...candidates].filter((f) => !keep.has(f)).sort();
+  const retire = new Set<string>();
+  for (const s of current.slots) if (!wanted.has(s)) retire.add(s);
+  for (const s of slotsOf({ bindings: current.instances, providers: current.catalog })) if (!wanted.has(s)) retire.add(s);
+  const retireSlots = [...retire].sort();
+  const keep = new Set<string>();
+  for (const b of Object.values(instances)) keep.add(b.tokenFile);
+  for (const p of Object.values(catalog)) keep.add(p.tokenFile);
+  const gone = new Set<string>();
+  const consider = (file: string | undefined): void => {
+    if (file !== undefined && !keep.has(file)) gone.add(file);
+  };
+  for (const b of Object.values(current.instances)) consider(b.tokenFile);
+  for (const p of Object.values(current.catalog)) consider(p.tokenFile);
+  for (const s of retireSlots) consider(defaultTokenFile(s, layout));
+  const deleteTokenFiles = [...gone].sort();
   return {
     instances,
     catalog,
@@ -271,24 +293,24 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     };
     const plan = planReconcile(current, desired, deps.layout);
 
-    // 1. new slots first: a binding in the registry always has a slot to renew it.
-    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
-    crashPoint('reconcile-after-slots');
-    // 2. the registry and the catalog.
+    // 1. the registry and the catalog: what the proxies serve, first (see the order above).
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
     crashPoint('reconcile-after-registry-write');
     if (plan.writeCatalog) await writeConfig(deps.local.catalog, plan.catalog);
     crashPoint('reconcile-after-catalog-write');
-    // 3. what is gone: token file first, then the slot (the slot file is the reminder).
+    // 2. shims for the catalog now in force.
+    await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
+    crashPoint('reconcile-after-shims');
+    // 3. slot files: the new ones start renewals; the rest are checked (revived if revoked).
+    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
+    crashPoint('reconcile-after-slots');
+    // 4. what is gone: token file first, then the slot (the slot file is the reminder).
     let deleted = 0;
     for (const file of plan.deleteTokenFiles) if (await deleteFile(file)) deleted += 1;
     crashPoint('reconcile-after-token-deletion');
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
-    crashPoint('reconcile-after-slot-retire');
-    // 4. shims for the catalog now in force.
-    await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
     // The last point before the version is in force.
-    crashPoint('reconcile-after-shims');
+    crashPoint('reconcile-after-slot-retire');
     // 5. in force.
     // A rejection of something newer than what is now in force stays on record.
     const rejected = applied.rejected && (applied.rejected.version === null || applied.rejected.version > desired.version) ? { rejected: applied.rejected } : {};

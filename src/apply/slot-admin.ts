@@ -1,4 +1,5 @@
-import { lstatSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { closeSync, constants, fchmodSync, fstatSync, lstatSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
 import { atomicWrite, atomicWriteSync, fsyncDir } from '../fs/atomic-write.js';
@@ -104,17 +105,101 @@ export async function ensureSlots(paths: HandoffPaths, slots: readonly string[],
   if (write.length === 0) return result;
   // Never through a symlink the link planted in place of slots/.
   await ensureHandoffDir(paths, 'slots');
+  const writer = new NewSlotWriter(paths.slots);
   for (let i = 0; i < write.length; i++) {
     if (i > 0 && i % SYNC_BATCH === 0) await new Promise((resolve) => setImmediate(resolve));
     const slot = write[i]!;
-    const path = join(paths.slots, slotFileName(slot.slot));
+    const name = slotFileName(slot.slot);
+    const path = join(paths.slots, name);
     knownGood.delete(path);
-    // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
-    atomicWriteSync(path, `${JSON.stringify(slot)}\n`, { mode: 0o640 });
-    remember(path, slot);
+    const text = `${JSON.stringify(slot)}\n`;
+    if (present.has(slot.slot)) {
+      // A file that was there (unreadable or revoked): atomicWriteSync refuses a symlink or a
+      // non-regular file in its place, as before.
+      atomicWriteSync(path, text, { mode: SLOT_FILE_MODE });
+      remember(path, slot);
+    } else {
+      const identity = writer.write(name, text);
+      if (identity !== undefined) knownGood.set(path, identity);
+    }
   }
   await fsyncDir(paths.slots);
   return result;
+}
+
+/** 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it. */
+const SLOT_FILE_MODE = 0o640;
+
+/**
+ * Whether this process's umask leaves `mode` as open() was given it (Linux: the Umask line
+ * of /proc/self/status; `process.umask()` without an argument writes the umask twice, a
+ * race with the thread pool's file creations). Unknown → false: chmod each file.
+ */
+function umaskKeeps(mode: number): boolean {
+  try {
+    const m = /^Umask:\s*([0-7]+)$/m.exec(readFileSync('/proc/self/status', 'utf8'));
+    return m !== null && (Number.parseInt(m[1]!, 8) & mode) === 0;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Writes the slot files of a new state that were not in slots/ when it was listed: the
+ * same whole-or-absent write as `atomicWriteSync` (a temp file opened exclusively,
+ * O_NOFOLLOW, with the final mode, then renamed over the name), minus what 11 000 of them
+ * do not need, each measured at tens of µs a file on this VM: a `randomBytes` call for each
+ * temp name (one random base per state, then a counter: still atomicWrite's temp-name
+ * shape, so `sweepStaleTemps` removes what a killed apply left, and O_EXCL refuses a name
+ * that exists); an `lstat` before, refusing a symlink at the name (the name was absent when
+ * listed; one the link plants since is replaced by the rename, which never follows it,
+ * not written through); the `fchmod` when the umask cannot have narrowed the mode; and an
+ * `lstat` after, for the file's identity (`knownGood`): `fstat` of the still-open file
+ * after the rename gives the same inode, size and times without a path lookup in a
+ * directory of 11 000 names. Returns the identity, undefined if the fstat failed (the
+ * file is then read on the next state, as any unknown one).
+ */
+class NewSlotWriter {
+  private readonly chmod = !umaskKeeps(SLOT_FILE_MODE);
+  private readonly base = randomBytes(6).readUIntBE(0, 6);
+  private count = 0;
+
+  constructor(private readonly dir: string) {}
+
+  write(name: string, text: string): string | undefined {
+    const path = join(this.dir, name);
+    const suffix = ((this.base + this.count++) % 2 ** 48).toString(16).padStart(12, '0');
+    const tmp = join(this.dir, `.${name}.${process.pid}.${suffix}.tmp`);
+    let fd: number;
+    try {
+      fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, SLOT_FILE_MODE);
+    } catch (err) {
+      // A stale temp by that name (a reused pid): the ordinary write, with its random name.
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      atomicWriteSync(path, text, { mode: SLOT_FILE_MODE });
+      return identityOf(path);
+    }
+    let renamed = false;
+    try {
+      const bytes = Buffer.from(text);
+      for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
+      if (this.chmod) fchmodSync(fd, SLOT_FILE_MODE);
+      renameSync(tmp, path);
+      renamed = true;
+      const st = fstatSync(fd, { bigint: true });
+      return `${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+    } catch (err) {
+      if (renamed) return undefined;
+      try {
+        unlinkSync(tmp);
+      } catch {
+        // never created or already gone
+      }
+      throw err;
+    } finally {
+      closeSync(fd);
+    }
+  }
 }
 
 /** `unbind` of the last binding of an instance: fetch stops renewing it. */

@@ -170,13 +170,32 @@ export function emptyDesiredState(version = 0): DesiredState {
   return { version, bindings: {}, providers: {} };
 }
 
+/**
+ * Per binding value (the parse reuses the value of an unchanged entry, and `toLocalConfig`
+ * its registry entry): its slot id. A state that changes one binding of 10 000 built
+ * 10 000 slot ids and token paths again, twice, in apply's plan (~100 ms of it at load).
+ */
+const slotByBinding = new WeakMap<object, string>();
+
+function bindingSlot(b: { instanceId: string }): string {
+  let slot = slotByBinding.get(b);
+  if (slot === undefined) {
+    slot = instanceSlot(b.instanceId);
+    slotByBinding.set(b, slot);
+  }
+  return slot;
+}
+
 /** The renewal slots a state needs: one per AgentInstance, one per provider. */
 export function slotsOf(state: Pick<DesiredState, 'bindings' | 'providers'>): Set<string> {
   const slots = new Set<string>();
-  for (const b of Object.values(state.bindings)) slots.add(instanceSlot(b.instanceId));
+  for (const b of Object.values(state.bindings)) slots.add(bindingSlot(b));
   for (const name of Object.keys(state.providers)) slots.add(cliSlot(name));
   return slots;
 }
+
+/** Per layout, per desired binding value: the registry entry `toLocalConfig` made of it (values are never mutated). */
+const localBindings = new WeakMap<TokenLayout, WeakMap<DesiredBinding, InstancesFile[string]>>();
 
 /**
  * The local files a state becomes: instances.json and providers.json, with token paths
@@ -184,9 +203,20 @@ export function slotsOf(state: Pick<DesiredState, 'bindings' | 'providers'>): Se
  * Object.fromEntries defines own properties, so no key can reach a prototype.
  */
 export function toLocalConfig(state: DesiredState, layout: TokenLayout): { instances: InstancesFile; catalog: Catalog } {
-  const instances: InstancesFile = Object.fromEntries(
-    Object.entries(state.bindings).map(([id, b]) => [id, { instanceId: b.instanceId, upstreamUrl: b.upstreamUrl, tokenFile: tokenPath({ kind: 'instance', id: b.instanceId }, layout) }]),
-  );
+  let made = localBindings.get(layout);
+  if (made === undefined) {
+    made = new WeakMap();
+    localBindings.set(layout, made);
+  }
+  const local = (b: DesiredBinding): InstancesFile[string] => {
+    let entry = made.get(b);
+    if (entry === undefined) {
+      entry = { instanceId: b.instanceId, upstreamUrl: b.upstreamUrl, tokenFile: tokenPath({ kind: 'instance', id: b.instanceId }, layout) };
+      made.set(b, entry);
+    }
+    return entry;
+  };
+  const instances: InstancesFile = Object.fromEntries(Object.entries(state.bindings).map(([id, b]) => [id, local(b)]));
   const catalog: Catalog = Object.fromEntries(
     Object.entries(state.providers).map(([name, p]) => [
       name,

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, renameSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
@@ -125,6 +125,25 @@ t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves 
   symlinkSync(elsewhere, slotPath(p, 'instance:linked'));
   await t.rejects(ensureSlots(p, ['instance:linked'], new Set(['instance:linked'])), /symlink/);
   t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind it untouched');
+});
+
+t.test('ensureSlots: a new slot file is whole, 0640, its temp gone; a symlink planted after the listing is replaced, not followed', async (t) => {
+  const p = handoff();
+  const slots = Array.from({ length: 40 }, (_, i) => `cli:prov-${String(i).padStart(2, '0')}`);
+  await ensureSlots(p, [slots[0]!], new Set());
+  const elsewhere = join(tempDir('ac-slots-target-', t), 'x');
+  writeFileSync(elsewhere, 'mine\n');
+  // Not in the listing apply passes (planted since): the rename replaces the link itself.
+  symlinkSync(elsewhere, slotPath(p, slots[1]!));
+  t.same(await ensureSlots(p, slots, new Set([slots[0]!])), { written: slots.slice(1), read: 0 });
+  t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind the link untouched');
+  for (const s of slots) {
+    t.ok(lstatSync(slotPath(p, s)).isFile(), `${s}: a regular file`);
+    t.equal(statSync(slotPath(p, s)).mode & 0o777, 0o640);
+    t.strictSame(await readSlotFile(p, s), { slot: s, tokenId: null, expiresAt: null, generation: 0 });
+  }
+  t.same(readdirSync(p.slots).filter((n) => n.startsWith('.')), [], 'no temp file left');
+  t.same(await ensureSlots(p, slots, new Set(slots)), { written: [], read: 0 }, 'each known by its identity: none read again');
 });
 
 t.test('ensureSlots: a new state reads only the slot files this process does not know unchanged', async (t) => {
