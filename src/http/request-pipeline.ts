@@ -87,15 +87,21 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
     // A double, not a bigint: no heap number per request.
     const started = performance.now();
     const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
+    // One 'close' listener for the line, the metrics and the in-flight set (left last, as
+    // its own listener was: a shutdown's drain sees every finished request logged).
     res.once('close', () => {
-      if (!res.writableFinished && rec.outcome === 'ok') rec.outcome = 'client_closed';
-      rec.status = res.statusCode;
-      const durationMs = performance.now() - started;
-      rec.durationMs = Math.round(durationMs * 1000) / 1000;
-      access(rec);
-      deps.observer?.closed(req, rec, durationMs / 1000);
+      try {
+        if (!res.writableFinished && rec.outcome === 'ok') rec.outcome = 'client_closed';
+        rec.status = res.statusCode;
+        const durationMs = performance.now() - started;
+        rec.durationMs = Math.round(durationMs * 1000) / 1000;
+        access(rec);
+        deps.observer?.closed(req, rec, durationMs / 1000);
+      } finally {
+        deps.inflight.leave(res);
+      }
     });
-    deps.inflight.add(res);
+    deps.inflight.enter(res);
 
     const run = async (): Promise<void> => {
       if (deps.stopping()) {

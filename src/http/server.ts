@@ -113,14 +113,25 @@ export class InFlight {
 
   /** Cutting a response (`res.destroy()`) also aborts its upstream request (UpstreamCall). */
   add(res: ServerResponse): void {
+    this.enter(res);
+    res.once('close', () => this.leave(res));
+  }
+
+  /**
+   * `add` for a caller that has a 'close' listener of its own and calls `leave` from it
+   * (the request pipeline): one listener fewer per request.
+   */
+  enter(res: ServerResponse): void {
     this.active.add(res);
-    res.once('close', () => {
-      this.active.delete(res);
-      if (this.active.size === 0) {
-        for (const w of this.waiters) w();
-        this.waiters = [];
-      }
-    });
+  }
+
+  /** The response closed. */
+  leave(res: ServerResponse): void {
+    this.active.delete(res);
+    if (this.active.size === 0 && this.waiters.length > 0) {
+      for (const w of this.waiters) w();
+      this.waiters = [];
+    }
   }
 
   get size(): number {

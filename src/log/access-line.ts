@@ -61,15 +61,24 @@ function jsonScalar(value: number | boolean): string {
   return typeof value === 'number' && !Number.isFinite(value) ? 'null' : String(value);
 }
 
-// Requests finish many to a millisecond under load; the ISO string is built once per ms.
+// The ISO time as Date#toISOString writes it, its `YYYY-MM-DDTHH:MM:SS.` built once per
+// second and the milliseconds appended: at a request or more per millisecond, building it
+// per millisecond (a Date and a C++ call) was a visible part of the line (docs/performance.md).
 let lastMs = 0;
 let lastIso = '';
+let lastSecond = -1;
+let secondPrefix = '';
+const MS_DIGITS = Array.from({ length: 1000 }, (_, i) => `${String(i).padStart(3, '0')}Z`);
 
-function isoNow(): string {
-  const now = Date.now();
+export function isoNow(now = Date.now()): string {
   if (now !== lastMs) {
     lastMs = now;
-    lastIso = new Date(now).toISOString();
+    const second = Math.floor(now / 1000);
+    if (second !== lastSecond) {
+      lastSecond = second;
+      secondPrefix = new Date(second * 1000).toISOString().slice(0, -4);
+    }
+    lastIso = secondPrefix + (MS_DIGITS[now - second * 1000] as string);
   }
   return lastIso;
 }

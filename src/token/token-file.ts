@@ -1,4 +1,4 @@
-import { closeSync, constants, fstatSync, openSync, readSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readSync, statSync, type Stats } from 'node:fs';
 
 export const MAX_TOKEN_BYTES = 16 * 1024;
 
@@ -30,37 +30,143 @@ const READ_LIMIT = MAX_TOKEN_BYTES + 3;
 // allocation outside V8's pool and external-memory pressure on the GC.)
 const readBuffer = Buffer.alloc(READ_LIMIT);
 
+/** An open token file: the descriptor, and what `stat(path)` must still say for it to be the file at the path. */
+interface Held {
+  fd: number;
+  dev: number;
+  ino: number;
+  ctimeMs: number;
+}
+
 /**
- * Reads the token file afresh. Deliberately synchronous and uncached: the file is tiny and
- * local, a sync read costs a few microseconds, and it guarantees the request uses the token
- * that is on disk at this moment (renewal replaces it by rename at any time).
+ * Descriptors kept open, by path, least recently read first. Bounded: a host can have
+ * thousands of bindings, and every descriptor held here is one fewer in the reserve the
+ * connection limits keep for everything a request opens (src/http/peer-limits.ts: at
+ * least 128). Opened by libuv with O_CLOEXEC: no child process inherits one.
+ */
+const held = new Map<string, Held>();
+export const MAX_HELD_TOKEN_FILES = 32;
+
+/**
+ * Reads the token file afresh, on every call: the request uses the token that is on disk
+ * at this moment (renewal replaces the file by rename at any time). Deliberately
+ * synchronous: the file is tiny and local, and a sync read costs a few microseconds.
+ *
+ * The file's bytes are never cached, only its descriptor. A path read before costs
+ * `stat(path)` and `pread(fd)` instead of open, fstat, read and close (half the system
+ * calls; docs/performance.md). Why that is the same answer:
+ *
+ * - `stat(path)` follows the path as `open(path)` would (symlinks too). When it names the
+ *   inode (device and inode number) the held descriptor was opened on, the path leads to
+ *   that very file now: the inode cannot have been freed and its number reused, because
+ *   the descriptor holds it. A rename, a re-pointed symlink or a deletion shows as another
+ *   inode or as ENOENT, and the path is opened afresh (or reported missing).
+ * - The bytes are then read through the descriptor, at offset 0, now: whatever was
+ *   written into the file in place is read, whatever its timestamps say. No timestamp
+ *   decides whether content changed, so a token rewritten in place within one tick of the
+ *   clock (same size, same mtime) is read as it is now, never as it was.
+ * - The change time is compared too, so a chmod or chown of the file (which a request
+ *   should meet as open(2) would: EACCES) reopens it; that comparison only ever causes an
+ *   extra open, never a stale read.
+ *
+ * A descriptor whose path went away (ENOENT) is closed at that read; one that is never
+ * read again stays until pushed out of the bound, holding an unlinked file's bytes that
+ * nothing reads without a stat naming it first.
  */
 export function readTokenFile(path: string): TokenRead {
+  const h = held.get(path);
+  if (h !== undefined) {
+    let st: Stats | undefined;
+    try {
+      st = statSync(path, { throwIfNoEntry: false });
+    } catch (err) {
+      release(path, h);
+      return { ok: false, reason: openFailure(err) };
+    }
+    if (st === undefined) {
+      release(path, h);
+      return { ok: false, reason: 'missing' };
+    }
+    if (st.ino === h.ino && st.dev === h.dev && st.ctimeMs === h.ctimeMs) {
+      // Most recently used last: the bound evicts from the front.
+      held.delete(path);
+      held.set(path, h);
+      try {
+        return parseToken(readAt(h.fd, st.size));
+      } catch {
+        release(path, h);
+        return { ok: false, reason: 'unreadable' };
+      }
+    }
+    release(path, h);
+  }
+  return openAndRead(path);
+}
+
+function openAndRead(path: string): TokenRead {
   let fd: number;
   try {
     fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    return { ok: false, reason: code === 'ENOENT' || code === 'ENOTDIR' ? 'missing' : 'unreadable' };
+    return { ok: false, reason: openFailure(err) };
   }
+  let keep = false;
   try {
     const st = fstatSync(fd);
+    // A FIFO, a device, a directory: not a token file (O_NONBLOCK kept the open from waiting on a FIFO).
     if (!st.isFile()) return { ok: false, reason: 'missing' };
-    const buf = readBuffer;
-    let len = 0;
-    // Stop once the size fstat reported has been read: saves the read(2) that would only
-    // say end-of-file. A file that grew meanwhile was replaced in place, not by rename;
-    // what was read is what the file held when it was opened (and is validated anyway).
-    const want = Math.min(READ_LIMIT, st.size === 0 ? READ_LIMIT : st.size);
-    while (len < want) {
-      const n = readSync(fd, buf, len, READ_LIMIT - len, null);
-      if (n === 0) break;
-      len += n;
+    const read = parseToken(readAt(fd, st.size));
+    if (held.size >= MAX_HELD_TOKEN_FILES) {
+      const [oldest, o] = held.entries().next().value as [string, Held];
+      release(oldest, o);
     }
-    return parseToken(buf.subarray(0, len));
+    held.set(path, { fd, dev: st.dev, ino: st.ino, ctimeMs: st.ctimeMs });
+    keep = true;
+    return read;
   } catch {
     return { ok: false, reason: 'unreadable' };
   } finally {
-    closeSync(fd);
+    if (!keep) closeSync(fd);
   }
+}
+
+/**
+ * The file's first READ_LIMIT bytes, read from offset 0. Stops once the size stat
+ * reported has been read: saves the read(2) that would only say end-of-file. A file that
+ * grew meanwhile is being rewritten in place; what was read is validated anyway.
+ */
+function readAt(fd: number, size: number): Buffer {
+  const buf = readBuffer;
+  let len = 0;
+  const want = Math.min(READ_LIMIT, size === 0 ? READ_LIMIT : size);
+  while (len < want) {
+    const n = readSync(fd, buf, len, READ_LIMIT - len, len);
+    if (n === 0) break;
+    len += n;
+  }
+  return buf.subarray(0, len);
+}
+
+function openFailure(err: unknown): TokenFailure {
+  const code = (err as NodeJS.ErrnoException).code;
+  return code === 'ENOENT' || code === 'ENOTDIR' ? 'missing' : 'unreadable';
+}
+
+function release(path: string, h: Held): void {
+  held.delete(path);
+  try {
+    closeSync(h.fd);
+  } catch {
+    // Already closed: nothing held.
+  }
+}
+
+/** Closes every held descriptor (tests; a process that stops reading tokens). */
+export function closeTokenFiles(): void {
+  for (const [path, h] of [...held]) release(path, h);
+}
+
+/** How many token files are held open now (tests). */
+export function heldTokenFiles(): number {
+  return held.size;
 }

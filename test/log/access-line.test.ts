@@ -1,6 +1,6 @@
 import { pino } from 'pino';
 import t from 'tap';
-import { accessLogFor } from '../../src/log/access-line.js';
+import { accessLogFor, isoNow } from '../../src/log/access-line.js';
 import { ACCESS_FLUSH_CHARS, ACCESS_FLUSH_MS, LogSink } from '../../src/log/sink.js';
 
 /** A destination that records every write(2)-to-be, as written. */
@@ -129,4 +129,23 @@ t.test('a logger that does not write to a LogSink gets the plain pino call', asy
   accessLogFor(log)({ reqId: 'plain' });
   t.equal(rec.writes.length, 1, 'written at once by pino');
   t.strictSame(rec.lines()[0], { level: 30, reqId: 'plain', msg: 'access' });
+});
+
+t.test('the line\'s time is Date#toISOString\'s, across milliseconds, seconds, days and years', async (t) => {
+  let seed = 7;
+  const rand = (n: number): number => {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    return seed % n;
+  };
+  const starts = [Date.now(), Date.UTC(2026, 11, 31, 23, 59, 59, 990), Date.UTC(2028, 1, 28, 23, 59, 58, 500), 0, 999];
+  let bad = 0;
+  for (const start of starts) {
+    let now = start;
+    for (let k = 0; k < 5000; k++) {
+      // Mostly the next few milliseconds, sometimes a jump (and back: the clock can be set).
+      now = rand(50) === 0 ? Math.max(0, now + rand(200_000_000) - 100_000_000) : now + rand(4);
+      if (isoNow(now) !== new Date(now).toISOString()) bad++;
+    }
+  }
+  t.equal(bad, 0);
 });

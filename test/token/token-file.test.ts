@@ -1,8 +1,8 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { MAX_TOKEN_BYTES, parseToken, readTokenFile } from '../../src/token/token-file.js';
+import { closeTokenFiles, heldTokenFiles, MAX_HELD_TOKEN_FILES, MAX_TOKEN_BYTES, parseToken, readTokenFile } from '../../src/token/token-file.js';
 import { tempDir } from '../support/temp-dir.js';
 
 const KIB16 = 16 * 1024;
@@ -162,5 +162,103 @@ t.test('readTokenFile against real files', async (t) => {
     writeFileSync(f, 'a'.repeat(KIB16 + 100));
     truncateSync(f, 64 * 1024 * 1024 * 1024);
     t.same(readTokenFile(f), { ok: false, reason: 'malformed' });
+  });
+});
+
+// A path read before is read through the descriptor held for it, after a stat that says
+// the path still leads to that file (src/token/token-file.ts): every change a fresh open
+// would see must be seen.
+t.test('a held token file: every change is seen as a fresh open would see it', async (t) => {
+  const d = dir();
+  const p = (name: string): string => join(d, name);
+  t.teardown(closeTokenFiles);
+
+  t.test('rewritten in place, same size, mtime put back: the new bytes are read', async (t) => {
+    const f = p('inplace.token');
+    writeFileSync(f, 'token-AAAA\n');
+    t.same(readTokenFile(f), { ok: true, token: 'token-AAAA' });
+    const { atime, mtime, ino } = statSync(f);
+    for (const next of ['token-BBBB', 'token-CCCC', 'token-DDDD']) {
+      // Same inode, same size, and the same mtime as the read before: only the bytes differ.
+      writeFileSync(f, `${next}\n`);
+      utimesSync(f, atime, mtime);
+      t.equal(statSync(f).ino, ino, 'rewritten in place');
+      t.same(readTokenFile(f), { ok: true, token: next });
+    }
+    writeFileSync(f, '');
+    t.same(readTokenFile(f), { ok: false, reason: 'empty' }, 'truncated in place');
+    writeFileSync(f, 'a longer token than before\n');
+    t.same(readTokenFile(f), { ok: false, reason: 'malformed' }, 'grown in place (with spaces: malformed)');
+    writeFileSync(f, 'token-EEEE');
+    t.same(readTokenFile(f), { ok: true, token: 'token-EEEE' });
+  });
+
+  t.test('renamed over, deleted, recreated', async (t) => {
+    const f = p('cycle.token');
+    writeFileSync(f, 'one\n');
+    t.same(readTokenFile(f), { ok: true, token: 'one' });
+    writeFileSync(`${f}.new`, 'two\n');
+    renameSync(`${f}.new`, f);
+    t.same(readTokenFile(f), { ok: true, token: 'two' });
+    unlinkSync(f);
+    t.same(readTokenFile(f), { ok: false, reason: 'missing' });
+    t.same(readTokenFile(f), { ok: false, reason: 'missing' });
+    writeFileSync(f, 'three\n');
+    t.same(readTokenFile(f), { ok: true, token: 'three' });
+  });
+
+  t.test('a re-pointed symlink, a FIFO or a directory put in its place', async (t) => {
+    writeFileSync(p('x.target'), 'via-x\n');
+    writeFileSync(p('y.target'), 'via-y\n');
+    const link = p('moving.token');
+    symlinkSync(p('x.target'), link);
+    t.same(readTokenFile(link), { ok: true, token: 'via-x' });
+    symlinkSync(p('y.target'), `${link}.tmp`);
+    renameSync(`${link}.tmp`, link);
+    t.same(readTokenFile(link), { ok: true, token: 'via-y' });
+
+    const f = p('becomes-fifo.token');
+    writeFileSync(f, 'plain\n');
+    t.same(readTokenFile(f), { ok: true, token: 'plain' });
+    unlinkSync(f);
+    execFileSync('mkfifo', [f]);
+    const r = readTokenFile(f);
+    t.equal(r.ok, false, 'a FIFO in its place is not read (and does not block)');
+
+    const g = p('becomes-dir.token');
+    writeFileSync(g, 'plain\n');
+    t.same(readTokenFile(g), { ok: true, token: 'plain' });
+    unlinkSync(g);
+    mkdirSync(g);
+    t.same(readTokenFile(g), { ok: false, reason: 'missing' });
+    rmSync(g, { recursive: true });
+    t.same(readTokenFile(join(g, 'under')), { ok: false, reason: 'missing' });
+  });
+
+  const asRoot = process.getuid?.() === 0;
+  t.test('made mode 000 after a read: unreadable, as a fresh open finds it', { skip: asRoot ? 'running as root: root can read a mode-000 file' : false }, async (t) => {
+    const f = p('revoked.token');
+    writeFileSync(f, 'secret\n');
+    t.same(readTokenFile(f), { ok: true, token: 'secret' });
+    chmodSync(f, 0o000);
+    t.same(readTokenFile(f), { ok: false, reason: 'unreadable' });
+  });
+
+  t.test('descriptors held are bounded, whatever the number of paths read', async (t) => {
+    closeTokenFiles();
+    const fds = (): number => readdirSync('/proc/self/fd').length;
+    const before = fds();
+    for (let i = 0; i < MAX_HELD_TOKEN_FILES * 3; i++) {
+      const f = p(`many-${i}.token`);
+      writeFileSync(f, `token-${i}\n`);
+      t.same(readTokenFile(f), { ok: true, token: `token-${i}` });
+    }
+    t.equal(heldTokenFiles(), MAX_HELD_TOKEN_FILES);
+    t.ok(fds() - before <= MAX_HELD_TOKEN_FILES, `${fds() - before} more descriptors open`);
+    // The first paths were pushed out; reading them again still works.
+    t.same(readTokenFile(p('many-0.token')), { ok: true, token: 'token-0' });
+    closeTokenFiles();
+    t.equal(heldTokenFiles(), 0);
+    t.equal(fds(), before, 'every held descriptor closed');
   });
 });
