@@ -69,9 +69,12 @@ export const MAX_HELD_TOKEN_FILES = 32;
  *   should meet as open(2) would: EACCES) reopens it; that comparison only ever causes an
  *   extra open, never a stale read.
  *
- * A descriptor whose path went away (ENOENT) is closed at that read; one that is never
- * read again stays until pushed out of the bound, holding an unlinked file's bytes that
- * nothing reads without a stat naming it first.
+ * A descriptor whose path went away (ENOENT) is closed at that read. One that is never
+ * read again (a disconnected binding's token, whose route is gone; a deleted host
+ * credential after a halt) would keep the unlinked file's blocks on disk, so a sweep
+ * closes every held descriptor whose file has no name left (`sweepUnlinked`, once a second
+ * while any is held): a deleted token or credential is gone from the disk within a second,
+ * as SPEC §8 means by deleting it.
  */
 export function readTokenFile(path: string): TokenRead {
   const h = held.get(path);
@@ -121,6 +124,7 @@ function openAndRead(path: string): TokenRead {
       release(oldest, o);
     }
     held.set(path, { fd, dev: st.dev, ino: st.ino, ctimeMs: st.ctimeMs });
+    startSweep();
     keep = true;
     return read;
   } catch {
@@ -158,6 +162,40 @@ function release(path: string, h: Held): void {
     closeSync(h.fd);
   } catch {
     // Already closed: nothing held.
+  }
+  if (held.size === 0) stopSweep();
+}
+
+const SWEEP_EVERY_MS = 1000;
+let sweepTimer: NodeJS.Timeout | undefined;
+
+function startSweep(): void {
+  if (sweepTimer !== undefined) return;
+  sweepTimer = setInterval(sweepUnlinked, SWEEP_EVERY_MS);
+  // Never what keeps a process alive.
+  sweepTimer.unref();
+}
+
+function stopSweep(): void {
+  if (sweepTimer === undefined) return;
+  clearInterval(sweepTimer);
+  sweepTimer = undefined;
+}
+
+/**
+ * Closes each held descriptor whose file was unlinked (no name left): one fstat per held
+ * file (at most MAX_HELD_TOKEN_FILES). Exported for tests, which call it instead of
+ * waiting for the timer.
+ */
+export function sweepUnlinked(): void {
+  for (const [path, h] of [...held]) {
+    let gone = true;
+    try {
+      gone = fstatSync(h.fd).nlink === 0;
+    } catch {
+      // A descriptor fstat cannot use holds nothing worth keeping.
+    }
+    if (gone) release(path, h);
   }
 }
 

@@ -1,8 +1,8 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { closeTokenFiles, heldTokenFiles, MAX_HELD_TOKEN_FILES, MAX_TOKEN_BYTES, parseToken, readTokenFile } from '../../src/token/token-file.js';
+import { closeTokenFiles, heldTokenFiles, MAX_HELD_TOKEN_FILES, MAX_TOKEN_BYTES, parseToken, readTokenFile, sweepUnlinked } from '../../src/token/token-file.js';
 import { tempDir } from '../support/temp-dir.js';
 
 const KIB16 = 16 * 1024;
@@ -242,6 +242,34 @@ t.test('a held token file: every change is seen as a fresh open would see it', a
     t.same(readTokenFile(f), { ok: true, token: 'secret' });
     chmodSync(f, 0o000);
     t.same(readTokenFile(f), { ok: false, reason: 'unreadable' });
+  });
+
+  t.test('a deleted file never read again is not held: the sweep closes it', async (t) => {
+    closeTokenFiles();
+    // What this process holds open on a file with no name left ("(deleted)" in /proc).
+    const deletedHeld = (): string[] =>
+      readdirSync('/proc/self/fd').flatMap((fd) => {
+        try {
+          const target = readlinkSync(`/proc/self/fd/${fd}`);
+          return target.startsWith(d) && target.endsWith(' (deleted)') ? [target] : [];
+        } catch {
+          return [];
+        }
+      });
+    const kept = p('kept.token');
+    const gone = p('disconnected.token');
+    writeFileSync(kept, 'still-here\n');
+    writeFileSync(gone, 'revoked-token\n');
+    t.same(readTokenFile(kept), { ok: true, token: 'still-here' });
+    t.same(readTokenFile(gone), { ok: true, token: 'revoked-token' });
+    // apply deletes a disconnected binding's token; its route is gone, so nobody reads the path again.
+    unlinkSync(gone);
+    t.equal(deletedHeld().length, 1, 'the deleted file is held until the sweep');
+    sweepUnlinked();
+    t.same(deletedHeld(), [], 'no deleted token file held open after the sweep');
+    t.equal(heldTokenFiles(), 1, 'a file that still has its name stays held');
+    t.same(readTokenFile(kept), { ok: true, token: 'still-here' });
+    closeTokenFiles();
   });
 
   t.test('descriptors held are bounded, whatever the number of paths read', async (t) => {
