@@ -212,6 +212,13 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
     log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox file is not newer than the applied token; ignored');
     return;
   }
+  // A new desired state came while this file waited its turn: nothing written yet, so it
+  // stays in the inbox for the pass after the reconcile (a disconnect waits only for the
+  // files already writing, not for every file started).
+  if (deps.interrupt?.()) {
+    stats.interrupted = true;
+    return;
+  }
   const files = await deps.tokenFilesFor(slot, round);
   await locks.with(files, async () => {
     for (const file of files) {
