@@ -10,7 +10,7 @@ import { HOST_REVOKED_FILE, hostRevokedPath } from '../data/host-revoked.js';
 import type { StateLayout } from '../data/state-layout.js';
 import type { TokenLayout } from '../data/token-path.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
-import { applyInbox, type ApplyDeps } from './inbox.js';
+import { applyInbox, INBOX_FILES_IN_FLIGHT, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps, type ReconcileMemo } from './reconcile.js';
 import { revokeIfMarked } from './revoke.js';
@@ -35,6 +35,9 @@ export interface ApplyConfig {
   /** Tokens applied, ignored and rejected (`--metrics-listen`). */
   metrics?: ApplyMetrics | undefined;
 }
+
+/** How long a pass woken by a few inbox names waits for more (see `gather`). */
+const GATHER_MS = 20;
 
 /** Where apply writes token files unless a binding or the catalog names another path. */
 function defaultTokenDirs(layout: Pick<StateLayout, 'forwarderDir' | 'cliProxyDir'>): string[] {
@@ -83,6 +86,25 @@ export function createApplyService(config: ApplyConfig): Service {
       const inboxNames = new Set<string>();
       let listInbox = true;
       let lastListing = 0;
+      // Tokens arrive one rename at a time; a pass for each paid the pass's own cost (the
+      // hand-off lock, the directory checks) per token. A pass woken by inbox names alone
+      // waits up to GATHER_MS for INBOX_FILES_IN_FLIGHT of them; a new desired state, a
+      // listing or a stop ends the wait at once.
+      let endGather: (() => void) | undefined;
+      const gather = async (): Promise<void> => {
+        if (stateDirty || listInbox || inboxNames.size === 0 || inboxNames.size >= INBOX_FILES_IN_FLIGHT) return;
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(done, GATHER_MS);
+          function done(): void {
+            clearTimeout(timer);
+            signal.removeEventListener('abort', done);
+            endGather = undefined;
+            resolve();
+          }
+          endGather = done;
+          signal.addEventListener('abort', done, { once: true });
+        });
+      };
       const nextNames = (): readonly string[] | undefined => {
         if (listInbox || Date.now() - lastListing >= config.rescanMs) {
           listInbox = false;
@@ -155,6 +177,7 @@ export function createApplyService(config: ApplyConfig): Service {
           // failed open.
           else if (lstatSync(join(paths.inbox, name), { throwIfNoEntry: false }) === undefined) return;
           else inboxNames.add(name);
+          if (name === undefined || inboxNames.size >= INBOX_FILES_IN_FLIGHT) endGather?.();
           wakeLoop?.();
         },
         (err) => log.warn({ err: { message: err.message } }, 'watching inbox/ failed; falling back to periodic scans'),
@@ -167,6 +190,7 @@ export function createApplyService(config: ApplyConfig): Service {
         (name) => {
           if (name !== undefined && !stateNames.has(name)) return;
           stateDirty = true;
+          endGather?.();
           wakeLoop?.();
         },
         (err) => log.warn({ err: { message: err.message } }, 'watching desired-state.json failed; falling back to periodic scans'),
@@ -181,6 +205,7 @@ export function createApplyService(config: ApplyConfig): Service {
             log,
             signal,
             step: async () => {
+              await gather();
               await applyAll();
               return config.rescanMs;
             },
@@ -189,6 +214,7 @@ export function createApplyService(config: ApplyConfig): Service {
               const offReload = onReload(() => {
                 log.info('SIGHUP: rescanning the inbox');
                 stateDirty = true;
+                endGather?.();
                 wake();
               });
               return () => {
