@@ -1,16 +1,16 @@
-import { basename } from 'node:path';
+import { basename, join } from 'node:path';
 import { checkWritableDir } from '../fs/atomic-write.js';
 import { watchDir } from '../fs/dir-watch.js';
 import { UnsafeDirError } from '../fs/own-dir.js';
 import type { ApplyMetrics } from '../metrics/renewal-metrics.js';
 import { runLoop } from '../service/loop.js';
 import type { Service } from '../service/service.js';
-import { existsSync } from 'node:fs';
+import { existsSync, lstatSync } from 'node:fs';
 import { HOST_REVOKED_FILE, hostRevokedPath } from '../data/host-revoked.js';
 import type { StateLayout } from '../data/state-layout.js';
 import type { TokenLayout } from '../data/token-path.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
-import { applyInbox, type ApplyDeps } from './inbox.js';
+import { applyInbox, INBOX_FILES_IN_FLIGHT, type ApplyDeps } from './inbox.js';
 import { localConfigFiles } from './local-config.js';
 import { reconcileDesiredState, type ReconcileDeps, type ReconcileMemo } from './reconcile.js';
 import { revokeIfMarked } from './revoke.js';
@@ -35,6 +35,9 @@ export interface ApplyConfig {
   /** Tokens applied, ignored and rejected (`--metrics-listen`). */
   metrics?: ApplyMetrics | undefined;
 }
+
+/** How long a pass woken by a few inbox names waits for more (see `gather`). */
+const GATHER_MS = 20;
 
 /** Where apply writes token files unless a binding or the catalog names another path. */
 function defaultTokenDirs(layout: Pick<StateLayout, 'forwarderDir' | 'cliProxyDir'>): string[] {
@@ -77,6 +80,42 @@ export function createApplyService(config: ApplyConfig): Service {
       // renamed in, on SIGHUP, or on the periodic rescan: not for every token in the inbox.
       let stateDirty = true;
       let lastStateCheck = 0;
+      // --watch: the inbox names the watcher reported since the last round. The directory is
+      // listed only at start, on an event without a name, and on the periodic rescan: a
+      // listing and sort of thousands of hand-offs per wake was O(inbox) work per token.
+      const inboxNames = new Set<string>();
+      let listInbox = true;
+      let lastListing = 0;
+      // Tokens arrive one rename at a time; a pass for each paid the pass's own cost (the
+      // hand-off lock, the directory checks) per token. A pass woken by inbox names alone
+      // waits up to GATHER_MS for INBOX_FILES_IN_FLIGHT of them; a new desired state, a
+      // listing or a stop ends the wait at once.
+      let endGather: (() => void) | undefined;
+      const gather = async (): Promise<void> => {
+        if (stateDirty || listInbox || inboxNames.size === 0 || inboxNames.size >= INBOX_FILES_IN_FLIGHT) return;
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(done, GATHER_MS);
+          function done(): void {
+            clearTimeout(timer);
+            signal.removeEventListener('abort', done);
+            endGather = undefined;
+            resolve();
+          }
+          endGather = done;
+          signal.addEventListener('abort', done, { once: true });
+        });
+      };
+      const nextNames = (): readonly string[] | undefined => {
+        if (listInbox || Date.now() - lastListing >= config.rescanMs) {
+          listInbox = false;
+          lastListing = Date.now();
+          inboxNames.clear();
+          return undefined;
+        }
+        const names = [...inboxNames];
+        inboxNames.clear();
+        return names;
+      };
       const applyAll = async (): Promise<void> => {
         try {
           // The desired state first: a new slot's token arrives in the inbox after it.
@@ -99,10 +138,15 @@ export function createApplyService(config: ApplyConfig): Service {
             // A new desired state ends the pass between two files: the loop runs again at
             // once (the watch woke it), reconciles, then takes the rest of the inbox.
             interrupt: config.reconcile ? () => stateDirty : undefined,
+            ...(config.watch && { nextNames }),
           });
+          // Names taken but not applied (the pass ended for a new desired state, a file failed)
+          // are found again by listing the directory on the next pass.
+          if (stats.interrupted || (stats.failed ?? 0) > 0) listInbox = true;
           if (stats.applied + stats.ignored + stats.rejected > 0) log.info(stats, 'inbox processed');
           config.metrics?.applied(stats);
         } catch (err) {
+          listInbox = true;
           // Stopped while waiting for the lock: nothing half done, the next run applies.
           if (!signal.aborted) throw err;
         }
@@ -125,7 +169,17 @@ export function createApplyService(config: ApplyConfig): Service {
       let wakeLoop: (() => void) | undefined;
       const unwatchInbox = watchDir(
         paths.inbox,
-        () => wakeLoop?.(),
+        (name) => {
+          if (name === undefined) listInbox = true;
+          // An entry that is gone (apply's own removal or rejection, most events while
+          // tokens pour in) is nothing to do and no reason to wake: one lstat instead of a
+          // pass. A name reported before its file was applied and removed costs the pass a
+          // failed open.
+          else if (lstatSync(join(paths.inbox, name), { throwIfNoEntry: false }) === undefined) return;
+          else inboxNames.add(name);
+          if (name === undefined || inboxNames.size >= INBOX_FILES_IN_FLIGHT) endGather?.();
+          wakeLoop?.();
+        },
         (err) => log.warn({ err: { message: err.message } }, 'watching inbox/ failed; falling back to periodic scans'),
       );
       // The link renames desired-state.json (or host-revoked.json) into the hand-off root;
@@ -136,6 +190,7 @@ export function createApplyService(config: ApplyConfig): Service {
         (name) => {
           if (name !== undefined && !stateNames.has(name)) return;
           stateDirty = true;
+          endGather?.();
           wakeLoop?.();
         },
         (err) => log.warn({ err: { message: err.message } }, 'watching desired-state.json failed; falling back to periodic scans'),
@@ -150,6 +205,7 @@ export function createApplyService(config: ApplyConfig): Service {
             log,
             signal,
             step: async () => {
+              await gather();
               await applyAll();
               return config.rescanMs;
             },
@@ -158,6 +214,7 @@ export function createApplyService(config: ApplyConfig): Service {
               const offReload = onReload(() => {
                 log.info('SIGHUP: rescanning the inbox');
                 stateDirty = true;
+                endGather?.();
                 wake();
               });
               return () => {

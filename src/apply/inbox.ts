@@ -1,7 +1,7 @@
 import { lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import { lstat, readdir, rename } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { atomicWrite, fsyncDir, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
@@ -9,21 +9,24 @@ import { crashPoint } from '../service/test-hooks.js';
 import {
   emptySlotFile,
   inboxFileSchema,
-  readSlotFile,
   slotOfFileName,
   type HandoffPaths,
   type SlotFile,
 } from '../data/handoff.js';
 import { parseJsonWith } from '../data/parse.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
-import { deleteFile, writeSlotFile } from './slot-admin.js';
+import { deleteFile, slotInForce, writeSlotFile } from './slot-admin.js';
 
 /** An inbox file is one renewal answer (a token and its metadata): far below this. */
 export const MAX_INBOX_FILE_BYTES = 64 * 1024;
 
 export interface ApplyDeps {
   paths: HandoffPaths;
-  tokenFilesFor: (slot: string) => Promise<string[]>;
+  /**
+   * The token files of a slot. `round` is the same object for every file of one round: the
+   * registry and the catalog may be looked at once per round instead of once per token.
+   */
+  tokenFilesFor: (slot: string, round?: object) => Promise<string[]>;
   log: Logger;
   now?: () => number;
   /** A stop request: no more waiting for another apply's lock. */
@@ -36,6 +39,13 @@ export interface ApplyDeps {
    * not applied behind thousands of hand-offs.
    */
   interrupt?: () => boolean;
+  /**
+   * The names to take in the next round instead of listing inbox/ (apply --watch: the
+   * names its watcher reported since the last round); `undefined` lists the directory
+   * (the first pass, a periodic rescan, an event without a name). Asked once per round;
+   * an empty list ends the pass.
+   */
+  nextNames?: () => readonly string[] | undefined;
 }
 
 export interface ApplyStats {
@@ -44,6 +54,8 @@ export interface ApplyStats {
   rejected: number;
   /** The pass ended early for a new desired state (`interrupt`). */
   interrupted?: boolean;
+  /** Files that could not be applied and were left in the inbox for the next pass. */
+  failed?: number;
 }
 
 /** Newer means a higher generation, or the same generation expiring later; and a new tokenId. */
@@ -109,8 +121,37 @@ class PathLocks {
   }
 }
 
+/**
+ * What one round looks up once instead of once per file: the directories made, their
+ * owners, slots/ checked. A round is short (it ends where the names listed end), so a
+ * directory removed during it costs that file a retry on the next pass, nothing worse.
+ */
+interface Round {
+  madeDirs: Set<string>;
+  owners: Map<string, Promise<{ uid: number; gid: number } | undefined>>;
+  /** slots/ passed `ensureHandoffDir` at the start of this round. */
+  slotsChecked: boolean;
+}
+
+async function newRound(deps: ApplyDeps): Promise<Round> {
+  let slotsChecked = true;
+  try {
+    await ensureHandoffDir(deps.paths, 'slots');
+  } catch {
+    // Each write checks again and fails on its own: the file stays in the inbox.
+    slotsChecked = false;
+  }
+  return { madeDirs: new Set(), owners: new Map(), slotsChecked };
+}
+
+function ownerOnce(round: Round, dir: string): Promise<{ uid: number; gid: number } | undefined> {
+  let owner = round.owners.get(dir);
+  if (!owner) round.owners.set(dir, (owner = ownerFor(dir)));
+  return owner;
+}
+
 /** One inbox file: validate → compare → token file(s) → slot file → remove. */
-async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks: PathLocks): Promise<void> {
+async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks: PathLocks, round: Round): Promise<void> {
   const { paths, log } = deps;
   const now = deps.now ?? Date.now;
   const path = join(paths.inbox, name);
@@ -144,14 +185,14 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
     return;
   }
   const msg = parsed.value;
-  const inForce = await readSlotFile(paths, slot);
+  const inForce = await slotInForce(paths, slot);
   const current = inForce ?? emptySlotFile(slot);
 
   if ('revoked' in msg) {
     // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
     let deleted = 0;
-    for (const file of await deps.tokenFilesFor(slot)) if (await deleteFile(file)) deleted += 1;
-    await writeSlotFile(paths, { ...current, slot, revoked: true });
+    for (const file of await deps.tokenFilesFor(slot, round)) if (await deleteFile(file)) deleted += 1;
+    await writeSlotFile(paths, { ...current, slot, revoked: true }, { dirChecked: round.slotsChecked });
     await removeIfSame(path, ino);
     stats.applied += 1;
     log.warn({ slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
@@ -171,26 +212,45 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
     log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox file is not newer than the applied token; ignored');
     return;
   }
-  const files = await deps.tokenFilesFor(slot);
+  // A new desired state came while this file waited its turn: nothing written yet, so it
+  // stays in the inbox for the pass after the reconcile (a disconnect waits only for the
+  // files already writing, not for every file started).
+  if (deps.interrupt?.()) {
+    stats.interrupted = true;
+    return;
+  }
+  const files = await deps.tokenFilesFor(slot, round);
   await locks.with(files, async () => {
     for (const file of files) {
-      mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
-      await sweepOnce(dirname(file));
+      const dir = dirname(file);
+      if (!round.madeDirs.has(dir)) {
+        mkdirSync(dir, { recursive: true, mode: 0o700 });
+        round.madeDirs.add(dir);
+      }
+      await sweepOnce(dir);
+      // fsynced, file and directory: the token is on disk before the slot file says so.
       await atomicWrite(file, `${msg.token}\n`, {
         mode: 0o600,
-        owner: await ownerFor(dirname(file)),
+        owner: await ownerOnce(round, dir),
         midWrite: () => crashPoint('apply-mid-token-write'),
       });
     }
     crashPoint('apply-after-token-write');
-    await writeSlotFile(paths, {
-      slot,
-      tokenId: msg.tokenId,
-      expiresAt: msg.expiresAt,
-      generation: msg.credentialGeneration,
-      appliedAt: new Date(now()).toISOString(),
-    });
+    // The slot file without an fsync of its own, the rename made durable by slots/'s
+    // shared fsync below (see `applyInbox` for why that is enough).
+    await writeSlotFile(
+      paths,
+      {
+        slot,
+        tokenId: msg.tokenId,
+        expiresAt: msg.expiresAt,
+        generation: msg.credentialGeneration,
+        appliedAt: new Date(now()).toISOString(),
+      },
+      { dirChecked: round.slotsChecked, noFsync: true },
+    );
   });
+  await fsyncDir(paths.slots);
   await removeIfSame(path, ino);
   stats.applied += 1;
   log.info({ slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: files.length }, 'token applied');
@@ -233,9 +293,25 @@ export const INBOX_FILES_IN_FLIGHT = 32;
  * Applies every inbox file, oldest name first, up to INBOX_FILES_IN_FLIGHT at once, under
  * the hand-off lock so a `.path` trigger and a manual run never interleave. Each file is
  * independent: one bad file is moved aside and the rest still apply.
+ *
+ * Durability, per token: the token file is fsynced (file and directory) before the slot
+ * file is written; the slot file is renamed into place without an fsync of its own, and
+ * one fsync of slots/, shared by every file of the round that reached it (`fsyncDir`'s
+ * group commit), makes the renames durable before each inbox file is removed. So the
+ * inbox file goes only once its token is on disk (as before), and a power cut can leave a
+ * slot file that says less than what is on disk (its previous content, or, on a file
+ * system that does not order a renamed file's data before the rename, an empty file),
+ * never more: an older record only makes fetch renew that slot sooner, and an unreadable
+ * one is re-made by the reconcile apply runs at every start (`ensureSlots`) and renewed at
+ * once. The one thing the lost record weakens is `isNewer` against a replay of a token
+ * older than the one on disk but newer than the record, until that slot's next renewal.
+ * One fsync less per token: half of what apply waited on the disk for.
  */
 export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
   const stats: ApplyStats = { applied: 0, ignored: 0, rejected: 0 };
+  // Woken with no new name (its own removals, a desired state): no lock, no listing.
+  let first = deps.nextNames?.();
+  if (first?.length === 0) return stats;
   try {
     await ensureHandoffDir(deps.paths, 'inbox');
   } catch (err) {
@@ -253,9 +329,12 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
     // otherwise wait for the next trigger (a systemd .path unit does not fire for a
     // service that is still running).
     const failed = new Set<string>();
-    rounds: for (let round = 0; round < 10; round++) {
-      const names = (await readdir(deps.paths.inbox)).filter((n) => !n.startsWith('.') && !failed.has(n)).sort();
+    rounds: for (let i = 0; i < 10; i++) {
+      const given = i === 0 ? first : deps.nextNames?.();
+      first = undefined;
+      const names = (given ?? (await readdir(deps.paths.inbox))).filter((n) => !n.startsWith('.') && !failed.has(n)).sort();
       if (names.length === 0) break;
+      const round = await newRound(deps);
       const running = new Set<Promise<void>>();
       for (const name of names) {
         // Asked before each start: a new desired state waits for at most the files in flight.
@@ -265,9 +344,10 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
           break rounds;
         }
         if (running.size >= INBOX_FILES_IN_FLIGHT) await Promise.race(running);
-        const one = applyOne(deps, name, stats, locks)
+        const one = applyOne(deps, name, stats, locks, round)
           .catch((err: unknown) => {
             failed.add(name);
+            stats.failed = (stats.failed ?? 0) + 1;
             deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox file; left in place for the next run');
           })
           .finally(() => running.delete(one));

@@ -14,8 +14,40 @@ import { ensureHandoffDir } from './handoff-dirs.js';
  * (apply's, `bind`'s, a planted file) is a rename to a new inode or changes the size or
  * ctime, so a file someone else changed no longer matches and is read again. Per process:
  * at start (and after a power loss) it is empty and everything is read once.
+ *
+ * Beside the identity it keeps the content: apply compares each inbox file with the slot
+ * in force, and reading and parsing the file it had itself written a moment before was a
+ * fifth of its work per token. The same identity check decides whether that content is
+ * still the file's. `delete` forgets both.
  */
-const knownGood = new Map<string, string>();
+class KnownSlots {
+  readonly #good = new Map<string, string>();
+  readonly #contents = new Map<string, { identity: string; slot: SlotFile }>();
+
+  get(path: string): string | undefined {
+    return this.#good.get(path);
+  }
+
+  set(path: string, identity: string): void {
+    this.#good.set(path, identity);
+  }
+
+  delete(path: string): void {
+    this.#good.delete(path);
+    this.#contents.delete(path);
+  }
+
+  /** What the file at `path` held when its identity was `identity` (revoked or not). */
+  keep(path: string, identity: string, slot: SlotFile): void {
+    this.#contents.set(path, { identity, slot });
+  }
+
+  contentOf(path: string, identity: string): SlotFile | undefined {
+    const kept = this.#contents.get(path);
+    return kept?.identity === identity ? kept.slot : undefined;
+  }
+}
+const knownGood = new KnownSlots();
 
 function identityOf(path: string): string | undefined {
   const st = lstatSync(path, { bigint: true, throwIfNoEntry: false });
@@ -26,6 +58,7 @@ function identityOf(path: string): string | undefined {
 function remember(path: string, slot: SlotFile | undefined, identity = identityOf(path)): void {
   if (slot && !slot.revoked && identity !== undefined) knownGood.set(path, identity);
   else knownGood.delete(path);
+  if (slot && identity !== undefined) knownGood.keep(path, identity, slot);
 }
 
 function isKnownGood(path: string): boolean {
@@ -36,13 +69,50 @@ function isKnownGood(path: string): boolean {
   return false;
 }
 
-export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile): Promise<void> {
+/**
+ * The slot in force, as `readSlotFile` returns it, without reading a file this process
+ * wrote or read and nobody changed since: one lstat instead of a read and a parse. Only
+ * apply writes slots/ while it runs, but `bind`, an operator or a planted file may too;
+ * those change the identity and are read again. Anything but a regular file (missing, a
+ * symlink, a FIFO) is left to `readSlotFile` to judge.
+ */
+export async function slotInForce(paths: HandoffPaths, slot: string): Promise<SlotFile | undefined> {
+  const path = join(paths.slots, slotFileName(slot));
+  const identity = identityOf(path);
+  if (identity !== undefined) {
+    const kept = knownGood.contentOf(path, identity);
+    if (kept) return kept;
+  }
+  const read = await readSlotFile(paths, slot);
+  // Unreadable or another slot's content: not kept, so it is judged again next time.
+  if (read && identity !== undefined) remember(path, read, identity);
+  return read;
+}
+
+export interface WriteSlotOptions {
+  /**
+   * slots/ was checked by the caller for this batch of writes (`ensureHandoffDir`): the
+   * hand-off root is sticky, so the link cannot swap a checked directory for a symlink.
+   */
+  dirChecked?: boolean;
+  /**
+   * No fsync of the file: it is still whole or absent to every reader and across a crash
+   * of the process, and the caller makes the rename durable with `fsyncDir(paths.slots)`.
+   * For apply's inbox, whose token file is on disk before the slot file says it is
+   * applied: after a power cut the slot file can only say less than what is on disk
+   * (see `applyInbox`).
+   */
+  noFsync?: boolean;
+}
+
+export async function writeSlotFile(paths: HandoffPaths, slot: SlotFile, options: WriteSlotOptions = {}): Promise<void> {
   // Never through a symlink the link planted in place of slots/.
-  await ensureHandoffDir(paths, 'slots');
+  if (!options.dirChecked) await ensureHandoffDir(paths, 'slots');
   const path = join(paths.slots, slotFileName(slot.slot));
   knownGood.delete(path);
   // 0640: fetch (group agent-connectors-renew via the setgid hand-off dir) reads it.
-  await atomicWrite(path, `${JSON.stringify(slot)}\n`, { mode: 0o640 });
+  if (options.noFsync) atomicWriteSync(path, `${JSON.stringify(slot)}\n`, { mode: 0o640 });
+  else await atomicWrite(path, `${JSON.stringify(slot)}\n`, { mode: 0o640 });
   remember(path, slot);
 }
 

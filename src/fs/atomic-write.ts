@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { randomFillSync } from 'node:crypto';
 import { closeSync, constants, type Stats, fchmodSync, fchownSync, fstatSync, fsync, lstatSync, openSync, renameSync, statSync, unlinkSync, write, writeSync } from 'node:fs';
 import { access, mkdir, open, readdir, unlink } from 'node:fs/promises';
 import { promisify } from 'node:util';
@@ -186,9 +186,27 @@ export function fsyncDir(dir: string): Promise<void> {
   return next;
 }
 
+/**
+ * Random bytes for temp names, drawn 4 KiB at a time: unguessable names (the link may
+ * create entries in the hand-off's directories, and must not plant the next one) without
+ * a call into the CSPRNG for every file (apply and the link write several per renewed slot).
+ */
+const tempRandom = Buffer.alloc(4096);
+let tempRandomAt = tempRandom.length;
+
+function tempSuffix(): string {
+  if (tempRandomAt + 6 > tempRandom.length) {
+    randomFillSync(tempRandom);
+    tempRandomAt = 0;
+  }
+  const hex = tempRandom.toString('hex', tempRandomAt, tempRandomAt + 6);
+  tempRandomAt += 6;
+  return hex;
+}
+
 /** `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. */
 function tempPathFor(dir: string, target: string): string {
-  return join(dir, `.${target}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+  return join(dir, `.${target}.${process.pid}.${tempSuffix()}.tmp`);
 }
 
 /** `tempPathFor`'s names, for the sweep. */

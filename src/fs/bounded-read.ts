@@ -103,7 +103,10 @@ export function readBoundedRegularFileSync(path: string, maxBytes: number): Boun
     for (let n; (n = readSync(fd, buf, length, buf.length - length, length)) > 0; ) {
       length += n;
       if (length > maxBytes) throw new UnsafeFileError(path, 'too-large', maxBytes);
-      if (length === buf.length) buf = Buffer.concat([buf], maxBytes + 1);
+      // A short read of a regular file is its end: no second call to be told so (a file
+      // that grows after it is read as it was then, as it would be after that call).
+      if (length < buf.length) break;
+      buf = Buffer.concat([buf], maxBytes + 1);
     }
     return { text: buf.toString('utf8', 0, length), stat };
   } finally {

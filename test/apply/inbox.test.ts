@@ -427,3 +427,60 @@ t.test('applyInbox with an invalid providers.json: the cli token is neither appl
   t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'applied once the catalog is fixed');
   t.strictSame(readTokenFile(join(c.root, 'cli', 'notion.token')), { ok: true, token: cliBody.token });
 });
+
+// ───────────────────────────── session 10: the slot in force from memory, names given ─────────────────────────────
+
+t.test('the slot in force is kept from what apply wrote, but a slot file someone else replaced is read again', async (t) => {
+  const e = env();
+  putBody(e.p, body({ tokenId: 'tok-1', credentialGeneration: 1 }));
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 });
+  // Another writer (bind, an operator) replaces the slot file by rename: a higher generation.
+  const slotPath = join(e.p.slots, `${SLOT}.json`);
+  const planted: SlotFile = { slot: SLOT, tokenId: 'tok-9', expiresAt: '2030-01-01T14:00:00.000Z', generation: 9 };
+  writeFileSync(`${slotPath}.other`, `${JSON.stringify(planted)}\n`);
+  renameSync(`${slotPath}.other`, slotPath);
+  putBody(e.p, body({ tokenId: 'tok-2', credentialGeneration: 2 }));
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 1, rejected: 0 }, 'compared with the file on disk, not with what apply wrote');
+  t.equal(readFileSync(e.tokenFile, 'utf8'), 'gw_token-one-SECRET\n', 'the older token is not written');
+  // Edited in place (same inode, other size): read again too.
+  writeFileSync(slotPath, `${JSON.stringify({ ...planted, generation: 1, tokenId: 'tok-1', appliedAt: '2030-01-01T12:00:00.000Z' })}\n`);
+  putBody(e.p, body({ tokenId: 'tok-3', credentialGeneration: 3, token: 'gw_token-three-SECRET' }));
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'newer than the edited file');
+  t.equal(readFileSync(e.tokenFile, 'utf8'), 'gw_token-three-SECRET\n');
+  t.match(slotJson(e.p), { tokenId: 'tok-3', generation: 3 });
+});
+
+t.test('nextNames: the names given are applied without listing inbox/; an empty list is a pass that does nothing', async (t) => {
+  const rounds: Array<readonly string[] | 'list'> = [[`${SLOT}.json`], []];
+  const e = env({
+    nextNames: () => {
+      const next = rounds.shift() ?? [];
+      return next === 'list' ? undefined : next;
+    },
+  });
+  putBody(e.p, body());
+  putBody(e.p, body({ slot: 'instance:inst-2' }), 'instance:inst-2');
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 }, 'only the name given');
+  t.strictSame(inboxNames(e.p), ['instance:inst-2.json'], 'the other one waits for its name or a listing');
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 0 }, 'no names: nothing');
+  t.notOk(existsSync(join(e.p.root, 'apply.lock')), 'no lock left');
+  // A name whose file is gone (apply's own removal reported late) costs nothing.
+  rounds.push([`${SLOT}.json`, 'instance:inst-2.json'], []);
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 });
+  t.strictSame(inboxNames(e.p), []);
+  // undefined: list the directory.
+  putBody(e.p, body({ slot: 'instance:inst-3', tokenId: 'tok-3' }), 'instance:inst-3');
+  rounds.push('list', []);
+  t.strictSame(await applyInbox(e.deps), { applied: 1, ignored: 0, rejected: 0 });
+});
+
+t.test('a failed file is counted, so a watching apply lists the inbox again', async (t) => {
+  const e = env({
+    tokenFilesFor: async () => {
+      throw new Error('registry invalid');
+    },
+  });
+  putBody(e.p, body());
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 0, failed: 1 });
+  t.strictSame(inboxNames(e.p), [`${SLOT}.json`], 'left in place');
+});
