@@ -1,8 +1,7 @@
-import { randomBytes } from 'node:crypto';
 import { closeSync, constants, fchmodSync, fstatSync, lstatSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
-import { atomicWrite, atomicWriteSync, fsyncDir } from '../fs/atomic-write.js';
+import { atomicWrite, atomicWriteSync, fsyncDir, tempPathFor } from '../fs/atomic-write.js';
 import { deleteFile } from '../fs/delete-file.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 
@@ -218,10 +217,9 @@ function umaskKeeps(mode: number): boolean {
  * Writes the slot files of a new state that were not in slots/ when it was listed: the
  * same whole-or-absent write as `atomicWriteSync` (a temp file opened exclusively,
  * O_NOFOLLOW, with the final mode, then renamed over the name), minus what 11 000 of them
- * do not need, each measured at tens of µs a file on this VM: a `randomBytes` call for each
- * temp name (one random base per state, then a counter: still atomicWrite's temp-name
- * shape, so `sweepStaleTemps` removes what a killed apply left, and O_EXCL refuses a name
- * that exists); an `lstat` before, refusing a symlink at the name (the name was absent when
+ * do not need, each measured at tens of µs a file on this VM (the temp name is
+ * atomicWrite's own, `tempPathFor`, so `sweepStaleTemps` removes what a killed apply left):
+ * an `lstat` before, refusing a symlink at the name (the name was absent when
  * listed; one the link plants since is replaced by the rename, which never follows it,
  * not written through); the `fchmod` when the umask cannot have narrowed the mode; and an
  * `lstat` after, for the file's identity (`knownGood`): `fstat` of the still-open file
@@ -231,24 +229,13 @@ function umaskKeeps(mode: number): boolean {
  */
 class NewSlotWriter {
   private readonly chmod = !umaskKeeps(SLOT_FILE_MODE);
-  private readonly base = randomBytes(6).readUIntBE(0, 6);
-  private count = 0;
 
   constructor(private readonly dir: string) {}
 
   write(name: string, text: string): string | undefined {
     const path = join(this.dir, name);
-    const suffix = ((this.base + this.count++) % 2 ** 48).toString(16).padStart(12, '0');
-    const tmp = join(this.dir, `.${name}.${process.pid}.${suffix}.tmp`);
-    let fd: number;
-    try {
-      fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, SLOT_FILE_MODE);
-    } catch (err) {
-      // A stale temp by that name (a reused pid): the ordinary write, with its random name.
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      atomicWriteSync(path, text, { mode: SLOT_FILE_MODE });
-      return identityOf(path);
-    }
+    const tmp = tempPathFor(this.dir, name);
+    const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, SLOT_FILE_MODE);
     let renamed = false;
     try {
       const bytes = Buffer.from(text);

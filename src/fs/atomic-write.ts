@@ -204,8 +204,11 @@ function tempSuffix(): string {
   return hex;
 }
 
-/** `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. */
-function tempPathFor(dir: string, target: string): string {
+/**
+ * `atomicWrite`'s temp name: `.<target name>.<writer pid>.<12 hex>.tmp`. Exported for a
+ * writer of its own that must leave the same names (`sweepStaleTemps` removes them).
+ */
+export function tempPathFor(dir: string, target: string): string {
   return join(dir, `.${target}.${process.pid}.${tempSuffix()}.tmp`);
 }
 

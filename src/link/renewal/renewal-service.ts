@@ -200,10 +200,9 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         // tied to the service's until it is collected.
         const stop = new AbortController();
         const onStop = (): void => stop.abort();
-        const onCut = (): void => stop.abort();
         if (signal.aborted) stop.abort();
         signal.addEventListener('abort', onStop, { once: true });
-        cut.signal.addEventListener('abort', onCut, { once: true });
+        cut.signal.addEventListener('abort', onStop, { once: true });
         const started = performance.now();
         let outcome: RenewOutcome | undefined;
         try {
