@@ -177,7 +177,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
           }
         }
 
-        for (const s of opts.sseStreams) {
+        for (const s of opts.only.has('sse') ? opts.sseStreams : []) {
           const ps = order(notWarn(running));
           result.order[`sse ${s}`] = ps.map((p) => p.name);
           const row: RepResult['sse'][string] = (result.sse[String(s)] = {});
@@ -187,13 +187,13 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
               row[p.name] = r;
               log(
                 `  sse ${s} stream(s) ${p.name}: p50 ${r.p50Us.toFixed(0)} µs, p99 ${r.p99Us.toFixed(0)} µs over ${r.events} events` +
-                  `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
+                  `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event (main thread ${r.cpuMainUsPerEvent?.toFixed(1)}; steady ${r.cpuSteadyUsPerEvent?.toFixed(1)}, main ${r.cpuSteadyMainUsPerEvent?.toFixed(1)})` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
               );
             });
           }
         }
 
-        {
+        if (opts.only.has('ttfh')) {
           const ps = order(notWarn(running)).filter((p) => p.name !== 'node-floor');
           result.order.ttfh = ps.map((p) => p.name);
           for (const p of ps) {
@@ -206,7 +206,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
           }
         }
 
-        {
+        if (opts.only.has('big')) {
           // All proxies at once, each in a fresh process, each to its own paced reader: RSS
           // is per process, and the combined pace is far below what any of them carries.
           const ps = await Promise.all(proxyOnly(running).map(fresh));
@@ -235,7 +235,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
           );
         }
 
-        for (const requested of opts.idleStreams) {
+        for (const requested of opts.only.has('idle') ? opts.idleStreams : []) {
           // Two sockets per stream in the proxy: the fd limit caps what can be held.
           const n = Math.min(requested, MAX_PROXY_STREAMS);
           const ps = order(proxyOnly(running));

@@ -10,6 +10,8 @@ export interface BenchOptions {
   concurrency: number[];
   peers: PeerName[];
   sseStreams: number[];
+  /** The stream scenarios to run (`--only`); all of them by default. */
+  only: ReadonlySet<StreamScenario>;
   sseSeconds: number;
   sseIntervalMs: number;
   bigMiB: number;
@@ -23,6 +25,9 @@ export interface BenchOptions {
   baseCli: string | undefined;
   out: string | undefined;
 }
+
+export const STREAM_SCENARIOS = ['sse', 'ttfh', 'big', 'idle'] as const;
+export type StreamScenario = (typeof STREAM_SCENARIOS)[number];
 
 export const USAGE = `usage: npm run bench -- [options]
   (default)              full run: every peer, every measurement, --reps repetitions
@@ -69,6 +74,9 @@ export const USAGE = `usage: npm run bench -- [options]
   --seconds S            wrk duration per concurrency and peer (default 4)
   --concurrency 1,16,64  wrk connections
   --peers LIST           subset of ${ALL_PEERS.join(',')}
+  --sse-streams 1,32,256 the SSE stream counts (default 1,32,256)
+  --only sse,ttfh,big,idle  run only these stream scenarios (e.g. --streams --only sse
+                         --sse-streams 32: the 32-stream cell alone)
   --sse-seconds S        duration of each SSE latency run (default 4)
   --sse-interval-ms MS   per-stream event interval at up to 32 streams (default 10); above 32
                          streams it grows with the count, keeping 32 streams' event rate
@@ -87,6 +95,16 @@ function list(v: string): number[] {
     if (!Number.isFinite(n) || n <= 0) throw new Error(`not a positive number: ${x}`);
     return n;
   });
+}
+
+function scenarios(v: string | undefined): ReadonlySet<StreamScenario> {
+  if (v === undefined) return new Set(STREAM_SCENARIOS);
+  return new Set(
+    v.split(',').map((x) => {
+      if (!(STREAM_SCENARIOS as readonly string[]).includes(x)) throw new Error(`--only: unknown scenario ${x} (known: ${STREAM_SCENARIOS.join(', ')})`);
+      return x as StreamScenario;
+    }),
+  );
 }
 
 /** `--name value` and `--name N` (a positive number, `def` when absent) readers over argv. */
@@ -112,7 +130,7 @@ export function parseArgs(argv: string[]): BenchOptions {
   const flags = new Set(argv.filter((a) => a.startsWith('--')));
   const { value, num } = optionReader(argv);
   const known = new Set([
-    'quick', 'streams', 'base-cli', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-interval-ms', 'big-mib',
+    'quick', 'streams', 'base-cli', 'smoke', 'profile', 'rotation', 'link', 'reps', 'seconds', 'concurrency', 'peers', 'sse-seconds', 'sse-streams', 'only', 'sse-interval-ms', 'big-mib',
     'big-rate-mib', 'idle', 'ttfh-samples', 'no-install', 'docs', 'no-docs', 'cli', 'out', 'help',
   ]);
   for (const f of flags) if (!known.has(f.slice(2))) throw new Error(`unknown option ${f}`);
@@ -133,7 +151,8 @@ export function parseArgs(argv: string[]): BenchOptions {
     // The stream scenarios alone leave the JSON test out.
     concurrency: mode === 'streams' ? [] : list(value('concurrency') ?? '1,16,64'),
     peers,
-    sseStreams: [1, 32, 256],
+    sseStreams: list(value('sse-streams') ?? '1,32,256'),
+    only: scenarios(value('only')),
     sseSeconds: num('sse-seconds', quick ? 1 : 4),
     sseIntervalMs: num('sse-interval-ms', 10),
     bigMiB: num('big-mib', quick ? 32 : 200),

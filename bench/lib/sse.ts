@@ -3,8 +3,9 @@
  * on the shared monotonic clock), and the ordered, unbuffered delivery check (ack mode:
  * the upstream sends event n+1 only after the client acknowledged event n).
  */
+import { readFileSync } from 'node:fs';
 import { request, type IncomingMessage } from 'node:http';
-import { cpuMicros, sumOver } from './proc.js';
+import { CLK_TCK, cpuMicros, sumOver } from './proc.js';
 import { percentile } from './stats.js';
 import { sseEventText, type SseEvent } from './wire.js';
 
@@ -58,6 +59,31 @@ export interface SseLatency {
    * received: steadier than latency on a loaded machine. Absent without pids.
    */
   cpuUsPerEvent?: number;
+  /**
+   * Of that, the main thread's alone (the first pid's): the event loop, where every event's
+   * JavaScript runs. The rest is V8's and libuv's helper threads: concurrent JIT compiles,
+   * parallel scavenges and concurrent marking, which a `--cpu-prof` profile never shows.
+   */
+  cpuMainUsPerEvent?: number;
+  /**
+   * The proxy's CPU per event once every stream is open and warm (each has had its `warm`
+   * events) until the first stream's last event: no connection set-up, no first-burst JIT,
+   * no teardown, only the events themselves. Absent without pids or without such a window.
+   */
+  cpuSteadyUsPerEvent?: number;
+  /** The same, the main thread only. */
+  cpuSteadyMainUsPerEvent?: number;
+}
+
+/** utime + stime of a process's main thread, µs (0 when gone). */
+function mainThreadCpuMicros(pid: number): number {
+  try {
+    const s = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8');
+    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1e6) / CLK_TCK;
+  } catch {
+    return 0;
+  }
 }
 
 /**
@@ -69,6 +95,17 @@ export async function measureSse(url: string, streams: number, count: number, wa
   let disorder = 0;
   let received = 0;
   const cpu0 = sumOver(pids, cpuMicros);
+  const main0 = pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]);
+  // The steady window: from the moment every stream has had its warm events to the first
+  // stream's last event; snapshots taken from inside the event callbacks.
+  let warmStreams = 0;
+  let steady: { cpu: number; main: number; received: number } | undefined;
+  let steadyEnd: { cpu: number; main: number; received: number } | undefined;
+  const snapshot = (): { cpu: number; main: number; received: number } => ({
+    cpu: sumOver(pids, cpuMicros),
+    main: pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]),
+    received,
+  });
   const responses = await Promise.all(Array.from({ length: streams }, () => openStream(url)));
   await Promise.all(
     responses.map(
@@ -83,6 +120,10 @@ export async function measureSse(url: string, streams: number, count: number, wa
               if (event.n !== expect) disorder++;
               expect = event.n + 1;
               if (event.n >= warm) lat.push(Number(recvNs - BigInt(event.t)) / 1000);
+              if (pids.length > 0) {
+                if (event.n === warm && ++warmStreams === streams) steady = snapshot();
+                if (event.n === count - 1 && steady && !steadyEnd) steadyEnd = snapshot();
+              }
             }),
           );
           res.once('end', () => {
@@ -94,9 +135,18 @@ export async function measureSse(url: string, streams: number, count: number, wa
     ),
   );
   const cpu = sumOver(pids, cpuMicros) - cpu0;
+  const main = pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]) - main0;
   lat.sort((a, b) => a - b);
   const out: SseLatency = { streams, events: lat.length, p50Us: percentile(lat, 50), p99Us: percentile(lat, 99), disorder };
-  if (pids.length > 0 && received > 0) out.cpuUsPerEvent = cpu / received;
+  if (pids.length > 0 && received > 0) {
+    out.cpuUsPerEvent = cpu / received;
+    out.cpuMainUsPerEvent = main / received;
+  }
+  if (steady && steadyEnd && steadyEnd.received > steady.received) {
+    const n = steadyEnd.received - steady.received;
+    out.cpuSteadyUsPerEvent = (steadyEnd.cpu - steady.cpu) / n;
+    out.cpuSteadyMainUsPerEvent = (steadyEnd.main - steady.main) / n;
+  }
   return out;
 }
 
