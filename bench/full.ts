@@ -187,7 +187,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
               row[p.name] = r;
               log(
                 `  sse ${s} stream(s) ${p.name}: p50 ${r.p50Us.toFixed(0)} µs, p99 ${r.p99Us.toFixed(0)} µs over ${r.events} events` +
-                  `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event (main thread ${r.cpuMainUsPerEvent?.toFixed(1)}; steady ${r.cpuSteadyUsPerEvent?.toFixed(1)}, main ${r.cpuSteadyMainUsPerEvent?.toFixed(1)})` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
+                  `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event (runtime ${r.cpuExactUsPerEvent?.toFixed(1)}; steady ${r.cpuSteadyUsPerEvent?.toFixed(1)}, main thread ${r.cpuSteadyMainUsPerEvent?.toFixed(1)})` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
               );
             });
           }

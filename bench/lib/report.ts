@@ -37,7 +37,7 @@ export interface RunSummary {
   targets: TargetResult[];
   figures: {
     wrk: Record<string, ByPeer<{ rps: Summary; p50Ms: Summary; p99Ms: Summary; cpuUsPerReq: Summary; upstreamCpuUsPerReq: Summary }>>;
-    sse: Record<string, ByPeer<{ p50Us: Summary; p99Us: Summary; addedP50Us: Summary; addedP99Us: Summary; cpuUsPerEvent?: Summary; cpuMainUsPerEvent?: Summary; cpuSteadyUsPerEvent?: Summary; cpuSteadyMainUsPerEvent?: Summary }>>;
+    sse: Record<string, ByPeer<{ p50Us: Summary; p99Us: Summary; addedP50Us: Summary; addedP99Us: Summary; cpuUsPerEvent?: Summary; cpuExactUsPerEvent?: Summary; cpuSteadyUsPerEvent?: Summary; cpuSteadyMainUsPerEvent?: Summary }>>;
     ttfh: ByPeer<{ ms: Summary; addedMs: Summary }>;
     big: ByPeer<{ growthMB: Summary; seconds: Summary }>;
     idle: Record<string, ByPeer<{ kbPerStream: Summary; openMs: Summary; upstreamConnectionsLeft: Summary }>>;
@@ -158,7 +158,7 @@ export function summarizeRun(reps: RepResult[], opts: BenchOptions, peers: PeerN
           }),
         ),
         cpuUsPerEvent: summarize(perRep(reps, (r) => sse(r)?.[p]?.cpuUsPerEvent)),
-        cpuMainUsPerEvent: summarize(perRep(reps, (r) => sse(r)?.[p]?.cpuMainUsPerEvent)),
+        cpuExactUsPerEvent: summarize(perRep(reps, (r) => sse(r)?.[p]?.cpuExactUsPerEvent)),
         cpuSteadyUsPerEvent: summarize(perRep(reps, (r) => sse(r)?.[p]?.cpuSteadyUsPerEvent)),
         cpuSteadyMainUsPerEvent: summarize(perRep(reps, (r) => sse(r)?.[p]?.cpuSteadyMainUsPerEvent)),
       };
@@ -257,14 +257,14 @@ export function renderMarkdown(res: BenchResults): string {
     }
   }
 
-  lines.push('', `### SSE per-event latency (one event every ${o.sseIntervalMs} ms per stream up to 32 streams, then the same total rate: every ${o.sseIntervalMs * 8} ms at 256; ${o.sseSeconds} s)`, '', '| streams | peer | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/event | of which the main thread (Node peers) | steady: streams open and warm, µs/event |', '|---|---|---|---|---|---|---|---|---|');
+  lines.push('', `### SSE per-event latency (one event every ${o.sseIntervalMs} ms per stream up to 32 streams, then the same total rate: every ${o.sseIntervalMs * 8} ms at 256; ${o.sseSeconds} s)`, '', '| streams | peer | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/event (utime+stime) | proxy runtime µs/event (schedstat) | steady: streams open and warm | steady, main thread |', '|---|---|---|---|---|---|---|---|---|---|');
   for (const s of o.sseStreams) {
     for (const p of peers) {
       const f = figures.sse[String(s)]?.[p];
       if (!f || f.p50Us.n === 0) continue;
       const added = p === 'direct';
       lines.push(
-        `| ${s} | ${p} | ${fmtSummary(f.p50Us, 0)} | ${fmtSummary(f.p99Us, 0)} | ${added ? '–' : fmtSummary(f.addedP50Us, 0)} | ${added ? '–' : fmtSummary(f.addedP99Us, 0)} | ${added ? '–' : fmtSummary(f.cpuUsPerEvent, 1)} | ${added || p === 'nginx' || !f.cpuMainUsPerEvent ? '–' : fmtSummary(f.cpuMainUsPerEvent, 1)} | ${added || !f.cpuSteadyUsPerEvent ? '–' : fmtSummary(f.cpuSteadyUsPerEvent, 1)} |`,
+        `| ${s} | ${p} | ${fmtSummary(f.p50Us, 0)} | ${fmtSummary(f.p99Us, 0)} | ${added ? '–' : fmtSummary(f.addedP50Us, 0)} | ${added ? '–' : fmtSummary(f.addedP99Us, 0)} | ${added ? '–' : fmtSummary(f.cpuUsPerEvent, 1)} | ${added ? '–' : fmtSummary(f.cpuExactUsPerEvent, 1)} | ${added ? '–' : fmtSummary(f.cpuSteadyUsPerEvent, 1)} | ${added || p === 'nginx' ? '–' : fmtSummary(f.cpuSteadyMainUsPerEvent, 1)} |`,
       );
     }
   }

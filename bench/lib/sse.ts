@@ -3,9 +3,9 @@
  * on the shared monotonic clock), and the ordered, unbuffered delivery check (ack mode:
  * the upstream sends event n+1 only after the client acknowledged event n).
  */
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { request, type IncomingMessage } from 'node:http';
-import { CLK_TCK, cpuMicros, sumOver } from './proc.js';
+import { cpuMicros, sumOver } from './proc.js';
 import { percentile } from './stats.js';
 import { sseEventText, type SseEvent } from './wire.js';
 
@@ -59,31 +59,50 @@ export interface SseLatency {
    * received: steadier than latency on a loaded machine. Absent without pids.
    */
   cpuUsPerEvent?: number;
+  /** The same from the scheduler's runtime (exact; see runtimeMicros): the whole run. */
+  cpuExactUsPerEvent?: number;
   /**
-   * Of that, the main thread's alone (the first pid's): the event loop, where every event's
-   * JavaScript runs. The rest is V8's and libuv's helper threads: concurrent JIT compiles,
-   * parallel scavenges and concurrent marking, which a `--cpu-prof` profile never shows.
-   */
-  cpuMainUsPerEvent?: number;
-  /**
-   * The proxy's CPU per event once every stream is open and warm (each has had its `warm`
-   * events) until the first stream's last event: no connection set-up, no first-burst JIT,
-   * no teardown, only the events themselves. Absent without pids or without such a window.
+   * The proxy's runtime per event once every stream is open and warm (each has had its
+   * `warm` events) until the first stream's last event: no connection set-up, no
+   * first-burst JIT, no teardown, only the events themselves. Absent without pids or
+   * without such a window.
    */
   cpuSteadyUsPerEvent?: number;
-  /** The same, the main thread only. */
+  /**
+   * Of that, the main thread's alone (the first pid's; meaningless for nginx, whose first
+   * pid is its idle master): the event loop, where every event's JavaScript runs. The rest
+   * is V8's and libuv's helper threads (JIT compiles, parallel scavenges, concurrent marking),
+   * which a `--cpu-prof` profile never shows.
+   */
   cpuSteadyMainUsPerEvent?: number;
 }
 
-/** utime + stime of a process's main thread, µs (0 when gone). */
-function mainThreadCpuMicros(pid: number): number {
-  try {
-    const s = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8');
-    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-    return ((Number(f[11]) + Number(f[12])) * 1e6) / CLK_TCK;
-  } catch {
-    return 0;
+/**
+ * On-CPU time of every thread of `pids` (or of each one's main thread alone), µs, from
+ * /proc/<pid>/task/<tid>/schedstat: the scheduler's own runtime, to the nanosecond.
+ * utime + stime are not that here: the kernel samples them at each tick
+ * (CONFIG_TICK_CPU_ACCOUNTING, 4 ms at HZ=250), which charges a process woken on a regular
+ * beat — one SSE event every 10 ms — by where its runs fall against the tick, not by how
+ * long they are. Threads that exited are not counted (a Node proxy's are long-lived).
+ */
+function runtimeMicros(pids: readonly number[], mainOnly: boolean): number {
+  let ns = 0;
+  for (const pid of pids) {
+    let tids: string[];
+    try {
+      tids = mainOnly ? [String(pid)] : readdirSync(`/proc/${pid}/task`);
+    } catch {
+      continue;
+    }
+    for (const tid of tids) {
+      try {
+        ns += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]);
+      } catch {
+        // the thread ended meanwhile
+      }
+    }
   }
+  return ns / 1000;
 }
 
 /**
@@ -95,15 +114,15 @@ export async function measureSse(url: string, streams: number, count: number, wa
   let disorder = 0;
   let received = 0;
   const cpu0 = sumOver(pids, cpuMicros);
-  const main0 = pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]);
+  const exact0 = runtimeMicros(pids, false);
   // The steady window: from the moment every stream has had its warm events to the first
   // stream's last event; snapshots taken from inside the event callbacks.
   let warmStreams = 0;
   let steady: { cpu: number; main: number; received: number } | undefined;
   let steadyEnd: { cpu: number; main: number; received: number } | undefined;
   const snapshot = (): { cpu: number; main: number; received: number } => ({
-    cpu: sumOver(pids, cpuMicros),
-    main: pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]),
+    cpu: runtimeMicros(pids, false),
+    main: runtimeMicros(pids.slice(0, 1), true),
     received,
   });
   const responses = await Promise.all(Array.from({ length: streams }, () => openStream(url)));
@@ -135,12 +154,12 @@ export async function measureSse(url: string, streams: number, count: number, wa
     ),
   );
   const cpu = sumOver(pids, cpuMicros) - cpu0;
-  const main = pids[0] === undefined ? 0 : mainThreadCpuMicros(pids[0]) - main0;
+  const exact = runtimeMicros(pids, false) - exact0;
   lat.sort((a, b) => a - b);
   const out: SseLatency = { streams, events: lat.length, p50Us: percentile(lat, 50), p99Us: percentile(lat, 99), disorder };
   if (pids.length > 0 && received > 0) {
     out.cpuUsPerEvent = cpu / received;
-    out.cpuMainUsPerEvent = main / received;
+    out.cpuExactUsPerEvent = exact / received;
   }
   if (steady && steadyEnd && steadyEnd.received > steady.received) {
     const n = steadyEnd.received - steady.received;

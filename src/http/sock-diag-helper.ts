@@ -129,10 +129,17 @@ export class SockDiagHelper {
       return Promise.resolve(undefined);
     }
     this.child ??= this.start();
-    const child = this.child;
+    const stdin = this.child.stdin!;
+    // A burst of connections (256 SSE streams opened at once, each with an upstream
+    // connection to check too) asks dozens of questions in one turn: one pipe write for
+    // them all instead of a write(2) each, which wakes the helper every time.
+    if (!stdin.writableCorked) {
+      stdin.cork();
+      process.nextTick(() => stdin.uncork());
+    }
     return new Promise((resolve) => {
       this.waiting.push((answer) => resolve(answer && (!established || answer.state === ESTABLISHED) ? answer.uid : undefined));
-      child.stdin!.write(`${q}\n`);
+      stdin.write(`${q}\n`);
     });
   }
 
