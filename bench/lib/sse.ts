@@ -118,9 +118,10 @@ export async function measureSse(url: string, streams: number, count: number, wa
   // The steady window: from the moment every stream has had its warm events to the first
   // stream's last event; snapshots taken from inside the event callbacks.
   let warmStreams = 0;
-  let steady: { cpu: number; main: number; received: number } | undefined;
-  let steadyEnd: { cpu: number; main: number; received: number } | undefined;
-  const snapshot = (): { cpu: number; main: number; received: number } => ({
+  let steady: { cpu: number; main: number; received: number; at: number } | undefined;
+  let steadyEnd: { cpu: number; main: number; received: number; at: number } | undefined;
+  const snapshot = (): { cpu: number; main: number; received: number; at: number } => ({
+    at: performance.now(),
     cpu: runtimeMicros(pids, false),
     main: runtimeMicros(pids.slice(0, 1), true),
     received,
@@ -161,7 +162,8 @@ export async function measureSse(url: string, streams: number, count: number, wa
     out.cpuUsPerEvent = cpu / received;
     out.cpuExactUsPerEvent = exact / received;
   }
-  if (steady && steadyEnd && steadyEnd.received > steady.received) {
+  // A proxy seconds behind (a saturated machine) delivers the window in one burst: no figure.
+  if (steady && steadyEnd && steadyEnd.received > steady.received && steadyEnd.at - steady.at >= 1_000) {
     const n = steadyEnd.received - steady.received;
     out.cpuSteadyUsPerEvent = (steadyEnd.cpu - steady.cpu) / n;
     out.cpuSteadyMainUsPerEvent = (steadyEnd.main - steady.main) / n;
