@@ -92,3 +92,16 @@ t.test('a helper killed while questions are queued: they are refused, the episod
   t.equal(await helper.lookup(...(await accept())), own, 'a new helper answers');
   t.not(helper.pid, pid);
 });
+
+t.test('questions asked in one turn (one pipe write) are each answered, in order: live sockets and gone ones interleaved', async (t) => {
+  const { helper, accept, own } = await runningHelper(t, 1024);
+  const live: Tuple[] = [];
+  for (let i = 0; i < 40; i++) live.push(await accept());
+  // A port nothing listens on: no such socket, whatever the helper batches it with.
+  const gone = (tp: Tuple): Tuple => [tp[0], tp[1], tp[2], 1];
+  const asked = live.flatMap((tp) => [tp, gone(tp)]);
+  const answers = await Promise.all(asked.map((tp) => helper.lookup(...tp)));
+  t.same(answers, live.flatMap(() => [own, undefined]), 'every answer belongs to its own question');
+  t.equal(helper.outstanding, 0, 'nothing left owed');
+  t.equal(await helper.lookup(...(await accept())), own, 'and the next turn is answered too');
+});
