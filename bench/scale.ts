@@ -40,6 +40,12 @@ export interface ScaleOptions {
   sizes?: number[];
   /** Idle window per size, ms (default 10 000). */
   idleMs?: number;
+  /**
+   * From every token held to the idle window, ms (default 5 000). The link's periodic
+   * checks of slots/ (every 60 s) rescan once after the renewals' burst of slot files:
+   * more than two periods puts the window at rest.
+   */
+  idleAfterMs?: number;
   /** How long to wait for every token before measuring idle anyway (default 240 s). */
   tokensTimeoutMs?: number;
   /** The link's `--renew-concurrency` (default 8: the tokens are not what is measured here). */
@@ -253,7 +259,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       log(`  ${tokens()}/${n + providers} tokens after ${o.tokensTimeoutMs / 1000} s; idle measured while renewing`);
     }
     // The last tokens' hand-off settled (apply's inbox, presence's report of the change).
-    await sleep(5000);
+    await sleep(o.idleAfterMs);
     const idleLoad = Math.round((loadavg()[0] ?? 0) * 100) / 100;
     const c0 = new Map(PART_NAMES.map((p) => [p, cpuMicros(part(p).pid)]));
     const t0 = performance.now();
@@ -293,6 +299,7 @@ export async function runScaleBench(log: (line: string) => void, options: ScaleO
   const o = {
     cli: options.cli ?? DEFAULT_CLI,
     idleMs: options.idleMs ?? 10_000,
+    idleAfterMs: options.idleAfterMs ?? 5_000,
     tokensTimeoutMs: options.tokensTimeoutMs ?? 240_000,
     renewConcurrency: options.renewConcurrency ?? 8,
     nodeFlags: options.nodeFlags,
@@ -386,12 +393,14 @@ export async function runScale(log: (line: string) => void, argv: readonly strin
   const prof = argv.find((a) => a.startsWith('--cpu-prof='));
   const idle = argv.find((a) => a.startsWith('--idle='));
   const conc = argv.find((a) => a.startsWith('--renew-concurrency='));
+  const idleAfter = argv.find((a) => a.startsWith('--idle-after='));
   const res = await runScaleBench(log, {
     ...(cli === undefined ? {} : { cli }),
     ...(sizes ? { sizes } : {}),
     ...(wait ? { tokensTimeoutMs: Number(wait.slice('--tokens-wait='.length)) * 1000 } : {}),
     // `--idle=90`: the idle window, s (every token held: long-lived tokens, so no renewal falls in it).
     ...(idle ? { idleMs: Number(idle.slice('--idle='.length)) * 1000 } : {}),
+    ...(idleAfter ? { idleAfterMs: Number(idleAfter.slice('--idle-after='.length)) * 1000 } : {}),
     ...(conc ? { renewConcurrency: Number(conc.slice('--renew-concurrency='.length)) } : {}),
     // `--cpu-prof=apply,forwarder`: those parts run with node's --cpu-prof; the profiles stay in the kept scratch directory.
     ...(prof ? { nodeFlags: Object.fromEntries(prof.slice('--cpu-prof='.length).split(',').map((p) => [p, ['--cpu-prof']])) } : {}),

@@ -218,8 +218,10 @@ export class SlotCache {
     if (seen === undefined) return 'changed files';
     const dir = await this.dirIdentity();
     if (dir === undefined || dir.ino !== seen.ino || dir.mtimeMs !== seen.mtimeMs || dir.ctimeMs !== seen.ctimeMs) return 'changed files';
-    // Too recent, when it was seen, to be sure nothing changed after within the same tick.
-    if (seen.at - Math.max(seen.mtimeMs, seen.ctimeMs) < DIR_SETTLE_MS) return 'changed files';
+    // Too recent, when it was seen, to be sure nothing changed after within the same tick
+    // (a change then sets the mtime to the tick's time; the ctime of a directory whose
+    // mtime was set back by hand is no such sign).
+    if (seen.at - seen.mtimeMs < DIR_SETTLE_MS) return 'changed files';
     return undefined;
   }
 
