@@ -15,8 +15,9 @@
  * - one binding disconnected: published → the forwarder answers 404 for it (right after in
  *   force, while the first renewals run, and again after the idle window)
  * - every binding and provider holds a token (the link's renewals; reported, not the goal here)
- * then each part's RSS and CPU over `idleMs` once every token is held (or the wait gave up:
- * `renewing` says so, and then the window is not idle).
+ * then each part's RSS and CPU over `idleMs`, `idleAfterMs` after every token is held (or
+ * the wait gave up: `renewing` says so, and then the window is not idle); and the CPU per
+ * renewal of the link and apply from in force to every token held.
  *
  * CPU is utime+stime from /proc (robust under load); the load average is printed next to
  * every run. Not a test: nothing is asserted. `renderScaleSvg` draws the growth plot.
