@@ -15,8 +15,9 @@
  * - one binding disconnected: published → the forwarder answers 404 for it (right after in
  *   force, while the first renewals run, and again after the idle window)
  * - every binding and provider holds a token (the link's renewals; reported, not the goal here)
- * then each part's RSS and CPU over `idleMs` once every token is held (or the wait gave up:
- * `renewing` says so, and then the window is not idle).
+ * then each part's RSS and CPU over `idleMs`, `idleAfterMs` after every token is held (or
+ * the wait gave up: `renewing` says so, and then the window is not idle); and the CPU per
+ * renewal of the link and apply from in force to every token held.
  *
  * CPU is utime+stime from /proc (robust under load); the load average is printed next to
  * every run. Not a test: nothing is asserted. `renderScaleSvg` draws the growth plot.
@@ -40,6 +41,12 @@ export interface ScaleOptions {
   sizes?: number[];
   /** Idle window per size, ms (default 10 000). */
   idleMs?: number;
+  /**
+   * From every token held to the idle window, ms (default 5 000). The link's periodic
+   * checks of slots/ (every 60 s) rescan once after the renewals' burst of slot files:
+   * more than two periods puts the window at rest.
+   */
+  idleAfterMs?: number;
   /** How long to wait for every token before measuring idle anyway (default 240 s). */
   tokensTimeoutMs?: number;
   /** The link's `--renew-concurrency` (default 8: the tokens are not what is measured here). */
@@ -71,7 +78,14 @@ export interface ScaleRun {
    * running), `quiet` after the idle window.
    */
   disconnect?: { busy: DisconnectRun; quiet: DisconnectRun };
-  idle: { seconds: number; renewing: boolean; cpuPercent: Record<PartName, number>; rssMiB: Record<PartName, number> };
+  idle: { seconds: number; renewing: boolean; loadavg1: number; cpuPercent: Record<PartName, number>; rssMiB: Record<PartName, number> };
+  /**
+   * The renewals from in force until every token was held (null: not within the wait):
+   * how many, and the CPU the link and apply spent on them, per renewal. At a token
+   * lifetime L the slots renew at (bindings + providers) / (⅔·L) per second in the steady
+   * state, each costing about this (docs/scale.md, "Idle").
+   */
+  renewals: { count: number; linkCpuMsPer: number; applyCpuMsPer: number } | null;
 }
 
 export interface DisconnectRun {
@@ -231,20 +245,30 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     const tokens = (): number =>
       readdirSync(join(state, 'mcp-forwarder')).filter((f) => f.startsWith('scale-') && f.endsWith('.token')).length +
       readdirSync(join(state, 'cli-proxy')).filter((f) => f.startsWith('prov-') && f.endsWith('.token')).length;
+    const tokens0 = tokens();
+    const r0 = new Map(PART_NAMES.map((p) => [p, cpuMicros(part(p).pid)]));
     let allTokensMs: number | null = null;
+    let renewals: ScaleRun['renewals'] = null;
     try {
-      await until(() => tokens() >= n + providers, performance.now(), 'every token', o.tokensTimeoutMs, 250);
+      await until(() => tokens() >= n + providers - 1, performance.now(), 'every token', o.tokensTimeoutMs, 250);
       allTokensMs = Date.now() - published;
+      const count = n + providers - 1 - tokens0;
+      const per = (p: PartName): number => (count > 0 ? Math.round(((cpuMicros(part(p).pid) - (r0.get(p) ?? 0)) / 1000 / count) * 1000) / 1000 : 0);
+      renewals = { count, linkCpuMsPer: per('link'), applyCpuMsPer: per('apply') };
+      log(`  every token after ${allTokensMs} ms (${count} renewals since in force: link ${renewals.linkCpuMsPer} ms, apply ${renewals.applyCpuMsPer} ms of CPU each)`);
     } catch {
       log(`  ${tokens()}/${n + providers} tokens after ${o.tokensTimeoutMs / 1000} s; idle measured while renewing`);
     }
-    await sleep(2000);
+    // The last tokens' hand-off settled (apply's inbox, presence's report of the change).
+    await sleep(o.idleAfterMs);
+    const idleLoad = Math.round((loadavg()[0] ?? 0) * 100) / 100;
     const c0 = new Map(PART_NAMES.map((p) => [p, cpuMicros(part(p).pid)]));
     const t0 = performance.now();
     await sleep(o.idleMs);
     const elapsed = performance.now() - t0;
     const cpuPercent = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round(((cpuMicros(part(p).pid) - (c0.get(p) ?? 0)) / 1000 / elapsed) * 10_000) / 100])) as Record<PartName, number>;
     const rssMiB = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((rssBytes(part(p).pid) / MiB) * 10) / 10])) as Record<PartName, number>;
+    log(`  idle ${Math.round(elapsed / 1000)} s (load ${idleLoad}): CPU % ${PART_NAMES.map((p) => cpuPercent[p]).join(' / ')}; RSS MiB ${PART_NAMES.map((p) => rssMiB[p]).join(' / ')}`);
     const quiet = await disconnectOne();
     return {
       bindings: n,
@@ -260,7 +284,8 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       allTokensMs,
       cpuToInForceMs,
       ...(busy && quiet ? { disconnect: { busy, quiet } } : {}),
-      idle: { seconds: o.idleMs / 1000, renewing: allTokensMs === null, cpuPercent, rssMiB },
+      idle: { seconds: Math.round(elapsed / 100) / 10, renewing: allTokensMs === null, loadavg1: idleLoad, cpuPercent, rssMiB },
+      renewals,
     };
   } finally {
     for (const p of [...parts.values()].reverse()) await p.stop();
@@ -275,6 +300,7 @@ export async function runScaleBench(log: (line: string) => void, options: ScaleO
   const o = {
     cli: options.cli ?? DEFAULT_CLI,
     idleMs: options.idleMs ?? 10_000,
+    idleAfterMs: options.idleAfterMs ?? 5_000,
     tokensTimeoutMs: options.tokensTimeoutMs ?? 240_000,
     renewConcurrency: options.renewConcurrency ?? 8,
     nodeFlags: options.nodeFlags,
@@ -366,10 +392,17 @@ export async function runScale(log: (line: string) => void, argv: readonly strin
   const sizes = sizesArg ? sizesArg.slice('--sizes='.length).split(',').map(Number) : undefined;
   const wait = argv.find((a) => a.startsWith('--tokens-wait='));
   const prof = argv.find((a) => a.startsWith('--cpu-prof='));
+  const idle = argv.find((a) => a.startsWith('--idle='));
+  const conc = argv.find((a) => a.startsWith('--renew-concurrency='));
+  const idleAfter = argv.find((a) => a.startsWith('--idle-after='));
   const res = await runScaleBench(log, {
     ...(cli === undefined ? {} : { cli }),
     ...(sizes ? { sizes } : {}),
     ...(wait ? { tokensTimeoutMs: Number(wait.slice('--tokens-wait='.length)) * 1000 } : {}),
+    // `--idle=90`: the idle window, s (every token held: long-lived tokens, so no renewal falls in it).
+    ...(idle ? { idleMs: Number(idle.slice('--idle='.length)) * 1000 } : {}),
+    ...(idleAfter ? { idleAfterMs: Number(idleAfter.slice('--idle-after='.length)) * 1000 } : {}),
+    ...(conc ? { renewConcurrency: Number(conc.slice('--renew-concurrency='.length)) } : {}),
     // `--cpu-prof=apply,forwarder`: those parts run with node's --cpu-prof; the profiles stay in the kept scratch directory.
     ...(prof ? { nodeFlags: Object.fromEntries(prof.slice('--cpu-prof='.length).split(',').map((p) => [p, ['--cpu-prof']])) } : {}),
     keep: argv.includes('--keep') || prof !== undefined,

@@ -37,6 +37,18 @@ export interface PresenceConfig {
 
 export const defaultPresenceConfig = { intervalMs: 60_000, minGapMs: 1_000, healthTimeoutMs: 2_000, requestTimeoutMs: 15_000 };
 
+/**
+ * Least time between two reports that only a slot file's change asks for, per slot the
+ * last report listed (never under `minGapMs`): with 11 000 slots a report costs ~20-30 ms
+ * of CPU (its 1 MB body built, validated, serialised), and while renewals run a slot file
+ * changes every few hundred ms (steady state at a 1 h token lifetime: ~4.6 a second), so at
+ * `minGapMs` presence alone took ~3 % of a core. Scaled by the slot count, a slot change
+ * costs about the same CPU a second at any size: reported within 1 s up to 1 000 slots,
+ * 11 s at 11 000 (docs/scale.md, "Idle"). A state handed over, applied-state.json,
+ * the credential and SIGHUP still report after `minGapMs`.
+ */
+export const SLOT_CHANGE_GAP_MS_PER_SLOT = 1;
+
 /** The health of one part from its /healthz (http/health-probe.ts): bounded in size and time, anything else is `down`. */
 export async function partHealth(agent: Agent, url: string, signal: AbortSignal, timeoutMs = defaultPresenceConfig.healthTimeoutMs): Promise<PartHealth> {
   return (await probePartHealth(url, { agent, signal, timeoutMs })).health;
@@ -79,9 +91,16 @@ export async function buildPresence(
  */
 export function createPresence(config: PresenceConfig, credential: HostCredential): { service: Service; changed: () => void } {
   let wakeLoop: (() => void) | undefined;
+  /** A change that reports after `minGapMs` (the first report too). */
   let dirty = true;
+  /** Only slot files changed since the last report (SLOT_CHANGE_GAP_MS_PER_SLOT). */
+  let slotsDirty = false;
   const changed = (): void => {
     dirty = true;
+    wakeLoop?.();
+  };
+  const slotChanged = (): void => {
+    slotsDirty = true;
     wakeLoop?.();
   };
   const service: Service = {
@@ -92,6 +111,10 @@ export function createPresence(config: PresenceConfig, credential: HostCredentia
       const healthAgent = new Agent({ headersTimeout: config.healthTimeoutMs, bodyTimeout: config.healthTimeoutMs, connect: { timeout: config.healthTimeoutMs } });
       let lastSent = 0;
       let nextRegular = 0;
+      let lastSlotCount = 0;
+      /** The least gap before the next report: what is owed decides it (a regular tick is owed at nextRegular). */
+      const gapNow = (now: number): number =>
+        dirty || now >= nextRegular ? config.minGapMs : Math.max(config.minGapMs, lastSlotCount * SLOT_CHANGE_GAP_MS_PER_SLOT);
       // A report lists every slot; with 10 000 of them only the changed files are re-read.
       const slotCache = new SlotCache(paths, config.intervalMs);
 
@@ -111,6 +134,7 @@ export function createPresence(config: PresenceConfig, credential: HostCredentia
           signal,
         });
         if (signal.aborted || answer.kind === 'halted') return;
+        lastSlotCount = body.slots.length;
         if (answer.kind === 'ok') log.debug({ stateVersion: body.stateVersion, slots: body.slots.length, problems: body.problems }, 'presence reported');
         else if (answer.kind === 'status') log.warn({ status: answer.status }, 'presence refused; retrying at the next tick');
         else log.warn({ reason: answer.reason }, 'presence failed; retrying at the next tick');
@@ -119,14 +143,21 @@ export function createPresence(config: PresenceConfig, credential: HostCredentia
       const step = async (): Promise<number> => {
         const now = Date.now();
         if (credential.halted && credential.read().kind === 'halted') return config.intervalMs;
-        if (!dirty && now < nextRegular) return nextRegular - now;
-        if (now - lastSent < config.minGapMs) return config.minGapMs - (now - lastSent);
+        if (!dirty && !slotsDirty && now < nextRegular) return nextRegular - now;
+        const gap = gapNow(now);
+        if (now - lastSent < gap) {
+          const wait = gap - (now - lastSent);
+          // The regular tick may come first, and owes only minGapMs.
+          return now < nextRegular ? Math.min(wait, nextRegular - now) : wait;
+        }
         dirty = false;
+        slotsDirty = false;
         lastSent = now;
         await send(log);
         const interval = Math.round(config.intervalMs * (0.9 + 0.2 * rand()));
         nextRegular = Date.now() + interval;
-        return dirty ? Math.max(0, config.minGapMs - (Date.now() - lastSent)) : interval;
+        if (!dirty && !slotsDirty) return interval;
+        return Math.max(0, gapNow(Date.now()) - (Date.now() - lastSent));
       };
 
       const appliedName = basename(appliedStatePath(config.handoffDir));
@@ -135,7 +166,9 @@ export function createPresence(config: PresenceConfig, credential: HostCredentia
         paths.slots,
         (name) => {
           slotCache.changed(name);
-          changed();
+          // Unnamed (a watcher's error, the directory replaced): anything may have changed.
+          if (name === undefined) changed();
+          else slotChanged();
         },
         onWatchError,
       );

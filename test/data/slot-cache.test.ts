@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { emptySlotFile, handoffPaths, slotFileName } from '../../src/data/handoff.js';
@@ -135,4 +135,60 @@ t.test('SlotCache.changes: what changed since the last call, a full rescan sayin
   t.equal(full.full, true, 'the periodic rescan');
   t.strictSame(full.updated.map((e) => e.slot).sort(), ['instance:c', 'instance:d']);
   t.strictSame(full.removed, ['instance:a']);
+});
+
+t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only the files whose identity changed', async (t) => {
+  const { paths, write } = setup();
+  for (const s of ['instance:a', 'instance:b', 'instance:c']) write(s);
+  const healEveryMs = 600_000;
+  const cache = new SlotCache(paths, 60_000, { healEveryMs });
+  // The directory as if its last entry changed long ago (a fresh mtime is looked at again, whatever it says).
+  const settle = (): void => utimesSync(paths.slots, new Date(Date.now() - 3_600_000), new Date(Date.now() - 3_600_000));
+  settle();
+  const first = await cache.changes(0);
+  t.equal(first.updated.length, 3, 'the first call reads every file');
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 });
+
+  // An edit in place moves no entry: the directory looks unchanged and nothing is read.
+  writeFileSync(join(paths.slots, slotFileName('instance:b')), JSON.stringify({ ...emptySlotFile('instance:b'), tokenId: 'tok_inplace', expiresAt: '2030-01-01T00:00:00.000Z' }));
+  const quiet = await cache.changes(60_000);
+  t.strictSame(quiet, { full: false, updated: [], removed: [] }, 'a periodic check of an unchanged directory says nothing changed');
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 }, 'and reads nothing');
+
+  // A file renamed in and one removed move the directory's mtime: the next check rescans,
+  // reading the new file alone (the others' identity is as read).
+  write('instance:d');
+  rmSync(join(paths.slots, slotFileName('instance:a')));
+  settle(); // its ctime still moves: the directory is not as it was seen
+  t.strictSame(await cache.changes(60_001), { full: false, updated: [], removed: [] }, 'not before its time');
+  const rescan = await cache.changes(120_000);
+  t.equal(rescan.full, true, 'the directory changed: a rescan');
+  t.strictSame(rescan.updated.map((e) => e.slot).sort(), ['instance:b', 'instance:c', 'instance:d'], 'a rescan says every slot there is');
+  t.strictSame(rescan.removed, ['instance:a'], 'and which went');
+  t.strictSame(cache.stats, { rescans: 2, rescanReads: 5 }, 'one more rescan, reading the new file and the one edited in place (its size differs)');
+  const b = rescan.updated.find((e) => e.slot === 'instance:b');
+  t.equal(b && !('error' in b) ? b.tokenId : undefined, 'tok_inplace', 'the edit in place is read at the rescan');
+
+  // The heal bound: an edit in place whose event was lost is read at the latest after healEveryMs.
+  writeFileSync(join(paths.slots, slotFileName('instance:c')), JSON.stringify({ ...emptySlotFile('instance:c'), tokenId: 'tok_healed', expiresAt: '2030-01-01T00:00:00.000Z' }));
+  const readsBefore = cache.stats.rescanReads;
+  t.strictSame(await cache.changes(180_000), { full: false, updated: [], removed: [] }, 'an unchanged directory is not rescanned');
+  const healed = await cache.changes(120_000 + healEveryMs);
+  t.equal(healed.full, true, 'the heal rescans whatever the directory says');
+  t.equal(cache.stats.rescanReads - readsBefore, 1, 'reading only the file edited in place');
+  const c = healed.updated.find((e) => e.slot === 'instance:c');
+  t.equal(c && !('error' in c) ? c.tokenId : undefined, 'tok_healed', 'as it is now');
+
+  // A file replaced by a symlink: its identity changed, the read refuses it, the slot goes.
+  rmSync(join(paths.slots, slotFileName('instance:d')));
+  symlinkSync(join(paths.slots, slotFileName('instance:c')), join(paths.slots, slotFileName('instance:d')));
+  const linked = await cache.changes(120_000 + healEveryMs + 60_000);
+  t.strictSame(linked.removed, ['instance:d'], 'a symlink is not a slot file');
+  t.notOk([...cache.present()].includes('instance:d'));
+
+  // changed() with no name (SIGHUP, a watcher's error) re-reads every file.
+  const reads = cache.stats.rescanReads;
+  cache.changed();
+  await cache.changes(120_000 + healEveryMs + 60_001);
+  t.equal(cache.stats.rescanReads - reads, 3, 'every slot file read again');
 });
