@@ -26,7 +26,7 @@ import { BENCH_TOKEN, newWorkDir, removeWorkDir, startPeer, type Peer } from './
 import { childPids, cpuMicros, freePort, spawnTracked, stopChild, sumOver, waitForPort } from './lib/proc.js';
 import { fmtSummary, updateDocs } from './lib/report.js';
 import { median, percentile, summarize, type Summary } from './lib/stats.js';
-import { analyseProfile, renderProfile } from './profile.js';
+import { analyseProfile, groupOf, renderProfile } from './profile.js';
 import { machineInfo, type MachineInfo } from './lib/tools.js';
 
 export const MCP_PEERS = ['direct', 'node-floor', 'forwarder', 'cli-proxy', 'mcp-remote', 'supergateway'] as const;
@@ -50,8 +50,10 @@ export interface McpBenchOptions {
   /** Install mcp-remote and supergateway from the npm registry when they are not cached. */
   install: boolean;
   docs: boolean;
-  /** Run the forwarder with `--cpu-prof` and print where its CPU goes. */
+  /** Run the forwarder and the Node floor with `--cpu-prof` and print where the forwarder's CPU goes above the floor's. */
   profile: boolean;
+  /** The answer framings measured (default both). */
+  framings?: Framing[] | undefined;
   cli: string;
   /** Another build's dist/cli.js: its forwarder joins the run as `forwarder-base`. */
   baseCli?: string | undefined;
@@ -64,7 +66,9 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-calls N          (with --mcp) calls per peer, framing, pattern and round (default 3000)
   --mcp-batch N          (with --mcp) calls per interleaved batch (default 500)
   --mcp-peers LIST       (with --mcp) subset of ${MCP_PEERS.join(',')}
-  --mcp-profile          (with --mcp) the forwarder runs with --cpu-prof; prints where its CPU goes
+  --mcp-profile          (with --mcp) the forwarder and the Node floor run with --cpu-prof; prints
+                         where the forwarder's CPU goes, and self time per call beside the floor's
+  --mcp-framings LIST    (with --mcp) subset of ${FRAMINGS.join(',')} (default both)
   --mcp-base-cli FILE    (with --mcp) another build's dist/cli.js: its forwarder runs beside this
                          one as peer forwarder-base (a change measured before/after in one run)
   --install-peers        only install the pinned npm peers (${Object.entries(NPM_PEERS)
@@ -83,6 +87,10 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
   if (!peers.includes('direct')) peers.unshift('direct');
   if (baseCli && !peers.includes('forwarder-base')) peers.splice(peers.indexOf('forwarder') + 1 || peers.length, 0, 'forwarder-base');
   const calls = num('mcp-calls', 3_000);
+  const framings = (value('mcp-framings')?.split(',') ?? [...FRAMINGS]).map((f) => {
+    if (!(FRAMINGS as readonly string[]).includes(f)) throw new Error(`unknown framing ${f} (known: ${FRAMINGS.join(', ')})`);
+    return f as Framing;
+  });
   return {
     calls,
     batch: Math.min(calls, num('mcp-batch', 500)),
@@ -91,6 +99,7 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     install: !argv.includes('--no-install'),
     docs: argv.includes('--docs'),
     profile: argv.includes('--mcp-profile'),
+    framings,
     cli: value('cli') ?? DEFAULT_CLI,
     baseCli: baseCli && resolve(baseCli),
     out: value('out'),
@@ -161,6 +170,7 @@ async function startRoutes(
   bins: NpmPeerBins | undefined,
   log: (s: string) => void,
   profDir: string | undefined,
+  framings: readonly Framing[] = FRAMINGS,
 ): Promise<{ routes: Route[]; stop: () => Promise<void> }> {
   const routes: Route[] = [];
   const stops: (() => Promise<void>)[] = [];
@@ -182,7 +192,7 @@ async function startRoutes(
       log(`  starting ${name}`);
       switch (name) {
         case 'direct':
-          for (const framing of FRAMINGS) {
+          for (const framing of framings) {
             const client = await httpClient(direct(i, framing), { authorization: `Bearer ${BENCH_TOKEN}` });
             routes.push({ peer: name, framing, client, pids: () => [], close: () => client.close() });
           }
@@ -198,10 +208,14 @@ async function startRoutes(
             endpoints: { sse: '/sse', json: '/json' },
             workDir: work,
             floorReadsToken: true,
-            nodeArgs: name === 'forwarder' && profDir ? ['--cpu-prof', '--cpu-prof-dir', profDir, '--cpu-prof-interval', '200'] : undefined,
+            // The floor is profiled too (the same profiler overhead on both), to compare them function by function.
+            nodeArgs:
+              (name === 'forwarder' || name === 'node-floor') && profDir
+                ? ['--cpu-prof', '--cpu-prof-dir', join(profDir, name), '--cpu-prof-interval', '200']
+                : undefined,
           });
           stops.push(() => peer.stop());
-          for (const framing of FRAMINGS) {
+          for (const framing of framings) {
             const client = await httpClient(peer.url(framing));
             routes.push({ peer: name, framing, client, pids: () => peer.pids(), close: () => client.close() });
           }
@@ -209,7 +223,7 @@ async function startRoutes(
         }
         case 'mcp-remote': {
           if (!bins) break;
-          for (const framing of FRAMINGS) {
+          for (const framing of framings) {
             const logPath = join(work, `mcp-remote-${framing}.log`);
             const logFd = openSync(logPath, 'a');
             const transport = new StdioClientTransport({
@@ -231,7 +245,7 @@ async function startRoutes(
         }
         case 'supergateway': {
           if (!bins) break;
-          for (const framing of FRAMINGS) {
+          for (const framing of framings) {
             const port = await freePort();
             const logPath = join(work, `supergateway-${framing}.log`);
             const out = openSync(logPath, 'a');
@@ -397,20 +411,69 @@ export function renderMcpMarkdown(res: McpBenchResults): string {
   return lines.join('\n');
 }
 
-/** The forwarder's `--cpu-prof` profile over the whole run, rendered as bench/profile.ts does for wrk. */
+/** A profiled peer's `.cpuprofile` and its calls over the whole run (warm-up included, as the profile is). */
+function profiledPeer(profDir: string, peer: 'forwarder' | 'node-floor', rounds: McpRound[], opts: McpBenchOptions): { file: string; calls: number; cpu: number } | undefined {
+  const dir = join(profDir, peer);
+  const file = readdirSync(dir).find((f) => f.endsWith('.cpuprofile'));
+  if (!file) return undefined;
+  const cells = rounds.flatMap((r) => Object.values(r).map((row) => row[peer])).filter((c): c is McpCell => c !== undefined);
+  const warmUp = (opts.framings ?? FRAMINGS).length * Math.min(200, opts.calls);
+  return { file: join(dir, file), calls: cells.reduce((n, c) => n + c.calls, 0) + warmUp, cpu: median(cells.map((c) => c.cpuUsPerCall ?? NaN)) };
+}
+
+/**
+ * The forwarder's `--cpu-prof` profile over the whole run, rendered as bench/profile.ts does
+ * for wrk; with the floor's beside it, self time per call by function for both, largest
+ * difference first. Sampled time per call (start-up included, a few hundred ms over
+ * tens of thousands of calls), not scaled to /proc's CPU.
+ */
 function profileReport(profDir: string, rounds: McpRound[], opts: McpBenchOptions, log: (s: string) => void): void {
-  const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
-  if (!file) throw new Error('the forwarder wrote no .cpuprofile (did it exit cleanly on SIGTERM?)');
-  const cells = rounds.flatMap((r) => Object.values(r).map((row) => row.forwarder)).filter((c): c is McpCell => c !== undefined);
-  const warmUp = FRAMINGS.length * Math.min(200, opts.calls);
-  const calls = cells.reduce((n, c) => n + c.calls, 0) + warmUp;
-  const cpu = median(cells.map((c) => c.cpuUsPerCall ?? NaN));
-  const profile = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as Parameters<typeof analyseProfile>[0];
-  const summary = analyseProfile(profile, calls, cpu);
+  const fwd = profiledPeer(profDir, 'forwarder', rounds, opts);
+  if (!fwd) throw new Error('the forwarder wrote no .cpuprofile (did it exit cleanly on SIGTERM?)');
+  type Profile = Parameters<typeof analyseProfile>[0];
+  const load = (f: string): Profile => JSON.parse(readFileSync(f, 'utf8')) as Profile;
+  const summary = analyseProfile(load(fwd.file), fwd.calls, fwd.cpu);
   mkdirSync(RESULTS_DIR, { recursive: true });
-  const kept = resolve(RESULTS_DIR, `forwarder-mcp-${new Date().toISOString().replace(/[:.]/g, '-')}.cpuprofile`);
-  copyFileSync(join(profDir, file), kept);
+  const stamp = new Date().toISOString().replace(/[:.]/g, '-');
+  const kept = resolve(RESULTS_DIR, `forwarder-mcp-${stamp}.cpuprofile`);
+  copyFileSync(fwd.file, kept);
   log(`${renderProfile(summary)}\nprofile: ${kept}`);
+  const floor = rounds.length > 0 && opts.peers.includes('node-floor') ? profiledPeer(profDir, 'node-floor', rounds, opts) : undefined;
+  if (!floor) return;
+  const floorKept = resolve(RESULTS_DIR, `node-floor-mcp-${stamp}.cpuprofile`);
+  copyFileSync(floor.file, floorKept);
+  const a = selfUsPerCall(load(fwd.file), fwd.calls);
+  const b = selfUsPerCall(load(floor.file), floor.calls);
+  const total = (m: Map<string, number>): number => [...m.values()].reduce((x, y) => x + y, 0);
+  const names = [...new Set([...a.keys(), ...b.keys()])];
+  const rows = names
+    .map((name) => ({ name, fwd: a.get(name) ?? 0, floor: b.get(name) ?? 0 }))
+    .sort((x, y) => Math.abs(y.fwd - y.floor) - Math.abs(x.fwd - x.floor))
+    .slice(0, 40);
+  log(
+    [
+      '',
+      `#### Self time per call by function: forwarder ${total(a).toFixed(1)} µs, node-floor ${total(b).toFixed(1)} µs (sampled, busy samples / calls)`,
+      '',
+      '| function | forwarder µs/call | node-floor µs/call | difference |',
+      '|---|---|---|---|',
+      ...rows.map((r) => `| \`${r.name.replace(/\|/g, '\\|')}\` | ${r.fwd.toFixed(2)} | ${r.floor.toFixed(2)} | ${(r.fwd - r.floor).toFixed(2)} |`),
+      `profile: ${floorKept}`,
+    ].join('\n'),
+  );
+}
+
+/** Busy self time per call by function (name and package or file, no line: the two builds' lines differ), µs. */
+function selfUsPerCall(p: Parameters<typeof analyseProfile>[0], calls: number): Map<string, number> {
+  const byId = new Map(p.nodes.map((n) => [n.id, n]));
+  const out = new Map<string, number>();
+  for (let i = 0; i < p.samples.length; i++) {
+    const f = byId.get(p.samples[i] as number)?.callFrame;
+    if (!f || f.functionName === '(idle)') continue;
+    const key = `${f.functionName || '(anonymous)'} ${f.url ? groupOf(f) : ''}`.trim();
+    out.set(key, (out.get(key) ?? 0) + (p.timeDeltas[i + 1] ?? 0) / calls);
+  }
+  return out;
 }
 
 export const MCP_DOCS_BEGIN = '<!-- bench-mcp:begin (generated by npm run bench -- --mcp --docs; edit outside these markers) -->';
@@ -470,8 +533,8 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
   try {
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
     const profDir = opts.profile ? join(work, 'prof') : undefined;
-    if (profDir) mkdirSync(profDir);
-    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir);
+    if (profDir) for (const p of ['forwarder', 'node-floor']) mkdirSync(join(profDir, p), { recursive: true });
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);
@@ -479,7 +542,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
         const result: McpRound = {};
         rounds.push(result);
         for (const [pattern, concurrency] of Object.entries(PATTERNS) as [Pattern, number][]) {
-          for (const framing of FRAMINGS) {
+          for (const framing of opts.framings ?? FRAMINGS) {
             const rs = routes.filter((r) => r.framing === framing);
             const acc = new Map<McpPeerName, BatchResult>(rs.map((r) => [r.peer, { latUs: [], cpuUs: 0, serverCpuUs: 0 }]));
             const batches = Math.ceil(opts.calls / opts.batch);

@@ -28,29 +28,37 @@ export function createForwarderHandler(deps: ForwarderDeps): (req: IncomingMessa
   return createRequestPipeline(deps, (req, res, rec) => handle(deps, req, res, rec));
 }
 
-/** Parsed once per binding object: a reload replaces the objects, so entries never go stale. */
-const targets = new WeakMap<Binding, UpstreamTarget>();
-
-function targetOf(binding: Binding): UpstreamTarget {
-  let target = targets.get(binding);
-  if (!target) {
-    target = upstreamTarget(new URL(binding.upstreamUrl));
-    targets.set(binding, target);
-  }
-  return target;
+/**
+ * What a request needs of its binding beyond the registry entry, derived once per binding
+ * object (a reload replaces the objects, so entries never go stale): the upstream target,
+ * the access line's binding prefix, and the needles for the token it last used (a token
+ * changes at renewal, not per request, and deriving its base64 spellings cost more than the
+ * header check itself).
+ */
+interface BindingState {
+  target: UpstreamTarget;
+  /** The id it was first served under and its `bindingPrefix` (a registry keeps one object per id). */
+  id: string;
+  prefix: string;
+  needles: TokenNeedles | undefined;
 }
 
-/**
- * Each binding's needles for the token it last used: a token changes at renewal, not per
- * request, and deriving its base64 spellings cost more than the header check itself.
- */
-const needles = new WeakMap<Binding, TokenNeedles>();
+const states = new WeakMap<Binding, BindingState>();
 
-function needlesOf(binding: Binding, token: string): TokenNeedles {
-  let n = needles.get(binding);
+function stateOf(binding: Binding, bindingId: string): BindingState {
+  let state = states.get(binding);
+  if (!state) {
+    state = { target: upstreamTarget(new URL(binding.upstreamUrl)), id: bindingId, prefix: bindingPrefix(bindingId), needles: undefined };
+    states.set(binding, state);
+  }
+  return state;
+}
+
+function needlesOf(state: BindingState, token: string): TokenNeedles {
+  let n = state.needles;
   if (n?.token !== token) {
     n = tokenNeedles(token);
-    needles.set(binding, n);
+    state.needles = n;
   }
   return n;
 }
@@ -70,14 +78,15 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   if (r.kind === 'not_found') throw new AppError('not_found');
   if (r.kind === 'unknown_binding') throw new AppError('unknown_binding');
 
-  rec.binding = bindingPrefix(r.bindingId);
-  if (!(MCP_METHODS as readonly string[]).includes(method)) {
-    throw new AppError('method_not_allowed', undefined, { allow: MCP_METHODS.join(', ') });
-  }
   const bindings = deps.registry.current.value;
   // Own properties only: `constructor` or `__proto__` is a well-formed id, not a binding.
   const binding = Object.hasOwn(bindings, r.bindingId) ? bindings[r.bindingId] : undefined;
-  if (!binding) throw new AppError('unknown_binding');
+  const state = binding && stateOf(binding, r.bindingId);
+  rec.binding = state?.id === r.bindingId ? state.prefix : bindingPrefix(r.bindingId);
+  if (!(MCP_METHODS as readonly string[]).includes(method)) {
+    throw new AppError('method_not_allowed', undefined, { allow: MCP_METHODS.join(', ') });
+  }
+  if (!binding || !state) throw new AppError('unknown_binding');
   rec.instanceId = binding.instanceId;
   // MCP's GET is the standalone server-to-client stream: it ends only when someone leaves.
   if (method === 'GET') deps.inflight.markStream(res);
@@ -100,7 +109,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   const baseHeaders = filterRawHeaders(req.rawHeaders, agentToUpstreamPolicy);
   baseHeaders['x-request-id'] = rec.reqId;
 
-  let call = send(deps, binding, res, method, baseHeaders, body, token);
+  let call = send(deps, state.target, res, method, baseHeaders, body, token);
   let head = await call.head;
   rec.upstreamStatus = head.statusCode;
   if (head.statusCode === 401) {
@@ -129,7 +138,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
       rec.retried = true;
       rec.retries = retries;
       token = end.token;
-      call = send(deps, binding, res, method, baseHeaders, body, token);
+      call = send(deps, state.target, res, method, baseHeaders, body, token);
       head = await call.head;
       rec.upstreamStatus = head.statusCode;
     }
@@ -140,14 +149,17 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   }
 
   deps.observer?.answering(res, head.headers['content-type']);
-  const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), needlesOf(binding, token), rec, deps.log);
-  // Returned, not awaited: a stream can stay open for hours, and a suspended `handle`
-  // would hold its whole frame (request headers, token, the upstream's head) meanwhile.
-  return streamAnswer(call, head.statusCode, headers, rec);
+  const headers = withoutReflectedToken(filterHeaderRecord(head.headers, upstreamToAgentPolicy), needlesOf(state, token), rec, deps.log);
+  // Neither awaited nor returned: a stream can stay open for hours, and a suspended
+  // `handle` would hold its whole frame (request headers, token, the upstream's head)
+  // meanwhile; returned, this async function's promise would adopt it (a promise and two
+  // microtask turns per request). A header Node refuses throws here, as before; the
+  // stream's own promise never rejects (UpstreamCall.pipe settles with an outcome).
+  streamAnswer(call, head.statusCode, headers, rec);
 }
 
-function streamAnswer(call: UpstreamCall, statusCode: number, headers: HeaderRecord, rec: AccessRecord): Promise<void> {
-  return call.pipe(statusCode, headers).then((outcome) => {
+function streamAnswer(call: UpstreamCall, statusCode: number, headers: HeaderRecord, rec: AccessRecord): void {
+  void call.pipe(statusCode, headers).then((outcome) => {
     rec.bytesOut = call.bytesOut;
     if (outcome !== 'ok') rec.outcome = outcome;
   });
@@ -155,7 +167,7 @@ function streamAnswer(call: UpstreamCall, statusCode: number, headers: HeaderRec
 
 function send(
   deps: ForwarderDeps,
-  binding: Binding,
+  target: UpstreamTarget,
   res: ServerResponse,
   method: string,
   baseHeaders: HeaderRecord,
@@ -165,6 +177,6 @@ function send(
   // The same record for a retry, its token replaced: undici serialises the headers when
   // the request is dispatched, so an earlier attempt never sees the change.
   baseHeaders.authorization = `Bearer ${token}`;
-  return new UpstreamCall(deps.agent, { target: targetOf(binding), method, headers: baseHeaders, body: body.length > 0 ? body : null }, res);
+  return new UpstreamCall(deps.agent, { target, method, headers: baseHeaders, body: body.length > 0 ? body : null }, res);
 }
 

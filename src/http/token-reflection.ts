@@ -109,7 +109,10 @@ export function dropTokenHeaders(headers: Readonly<HeaderRecord>, needles: Token
   const dropped: string[] = [];
   // Names arrive lower-cased: a token reflected into one is looked for the same way.
   const lowered: TokenNeedles = needles.lowered ?? { token: needles.token.toLowerCase(), base64: needles.base64.map((b) => b.toLowerCase()) };
-  for (const [name, value] of Object.entries(headers)) {
+  // for…in, not Object.entries: no array of pairs per answer (the record is a plain object).
+  for (const name in headers) {
+    if (!Object.hasOwn(headers, name)) continue;
+    const value = headers[name] as string | string[];
     if (holdsToken(name, lowered)) {
       dropped.push(WITHHELD_NAME);
       continue;

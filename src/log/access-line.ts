@@ -53,8 +53,23 @@ function keyPrefix(key: string): string {
 /** Printable ASCII without a quote or a backslash: a string JSON would quote as it is. */
 const PLAIN = /^[\x20\x21\x23-\x5b\x5d-\x7e]*$/;
 
+/**
+ * Strings JSON.stringify had to quote, by value: the binding prefix (`abcd…`) is one on
+ * every forwarded request, and the same few recur. Bounded like the key prefixes; past
+ * the bound a value is quoted each time.
+ */
+const quoted = new Map<string, string>();
+const MAX_QUOTED = 256;
+const MAX_QUOTED_LENGTH = 64;
+
 function jsonString(value: string): string {
-  return PLAIN.test(value) ? `"${value}"` : JSON.stringify(value);
+  if (PLAIN.test(value)) return `"${value}"`;
+  let json = quoted.get(value);
+  if (json === undefined) {
+    json = JSON.stringify(value);
+    if (quoted.size < MAX_QUOTED && value.length <= MAX_QUOTED_LENGTH) quoted.set(value, json);
+  }
+  return json;
 }
 
 function jsonScalar(value: number | boolean): string {

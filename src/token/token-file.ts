@@ -45,6 +45,9 @@ interface Held {
  * least 128). Opened by libuv with O_CLOEXEC: no child process inherits one.
  */
 const held = new Map<string, Held>();
+// The key last in `held` (or undefined): a forwarder with one binding reads one path on
+// every request, and moving it to the end of the map each time was a delete and a set.
+let newest: string | undefined;
 export const MAX_HELD_TOKEN_FILES = 32;
 
 /**
@@ -92,8 +95,11 @@ export function readTokenFile(path: string): TokenRead {
     }
     if (st.ino === h.ino && st.dev === h.dev && st.ctimeMs === h.ctimeMs) {
       // Most recently used last: the bound evicts from the front.
-      held.delete(path);
-      held.set(path, h);
+      if (newest !== path) {
+        held.delete(path);
+        held.set(path, h);
+        newest = path;
+      }
       try {
         return parseToken(readAt(h.fd, st.size));
       } catch {
@@ -124,6 +130,7 @@ function openAndRead(path: string): TokenRead {
       release(oldest, o);
     }
     held.set(path, { fd, dev: st.dev, ino: st.ino, ctimeMs: st.ctimeMs });
+    newest = path;
     startSweep();
     keep = true;
     return read;
@@ -158,6 +165,7 @@ function openFailure(err: unknown): TokenFailure {
 
 function release(path: string, h: Held): void {
   held.delete(path);
+  if (newest === path) newest = undefined;
   try {
     closeSync(h.fd);
   } catch {
