@@ -83,28 +83,13 @@ export interface FrontChecks {
 export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, front?: FrontChecks): (req: IncomingMessage, res: ServerResponse) => void {
   const { log } = deps;
   const access = accessLogFor(log);
-  // The last Host header that passed, and for which port: a client sends the same one on
-  // every request, and checkHost is a regular expression per request (a pure function of
-  // the two, so a repeat is answered by comparison).
-  let passedHost: string | undefined;
-  let passedPort = -1;
-  const hostCheck = (hostHeader: string | undefined, port: number): Check => {
-    if (hostHeader !== undefined && hostHeader === passedHost && port === passedPort) return HOST_OK;
-    const host = checkHost(hostHeader, port);
-    if (host.ok) {
-      passedHost = hostHeader;
-      passedPort = port;
-    }
-    return host;
-  };
   return (req, res) => {
     // A double, not a bigint: no heap number per request.
     const started = performance.now();
     const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
     // One 'close' listener for the line, the metrics and the in-flight set (left last, as
-    // its own listener was: a shutdown's drain sees every finished request logged). `on`,
-    // not `once`: a response closes once, and `once` wraps the listener per request.
-    res.on('close', () => {
+    // its own listener was: a shutdown's drain sees every finished request logged).
+    res.once('close', () => {
       try {
         if (!res.writableFinished && rec.outcome === 'ok') rec.outcome = 'client_closed';
         rec.status = res.statusCode;
@@ -118,93 +103,67 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
     });
     deps.inflight.enter(res);
 
-    const fail = (err: unknown): void => failed(log, res, rec, err);
-    // Without a peer check nothing is awaited before the route: its checks run in the
-    // 'request' event itself and the route's promise is the only one (an async wrapper
-    // returning it cost a promise, its adoption of the route's and their microtask turns).
-    let pending: Promise<void> | undefined;
-    try {
+    const run = async (): Promise<void> => {
       if (deps.stopping()) {
         res.shouldKeepAlive = false;
         throw new AppError('service_unavailable');
       }
-      if (deps.peerAllowed || deps.peerUid) pending = checked(req, res, rec);
-      else {
-        const admission = deps.admit?.(req, res);
-        pending = admission instanceof Promise ? admission.then((gate) => proceed(req, res, rec, true, gate)) : proceed(req, res, rec, true, admission);
+      // Awaited only where there is something to wait for: each await is a turn of the
+      // microtask queue on every request.
+      const allowed = deps.peerAllowed ? await deps.peerAllowed(req) : true;
+      // Whose call this is, for the access line and the metrics' per-agent share of tool labels.
+      const uid = deps.peerUid ? await deps.peerUid(req) : undefined;
+      if (uid !== undefined) rec.peerUid = uid;
+      const admission = deps.admit?.(req, res);
+      const gate = admission instanceof Promise ? await admission : admission;
+      if (gate === 'answered') {
+        rec.outcome = 'connection_refused';
+        res.destroy();
+        return;
       }
-    } catch (err) {
-      fail(err);
-      return;
-    }
-    pending?.catch(fail);
-  };
-
-  async function checked(req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> {
-    // Awaited only where there is something to wait for: each await is a turn of the
-    // microtask queue on every request.
-    const allowed = deps.peerAllowed ? await deps.peerAllowed(req) : true;
-    // Whose call this is, for the access line and the metrics' per-agent share of tool labels.
-    const uid = deps.peerUid ? await deps.peerUid(req) : undefined;
-    if (uid !== undefined) rec.peerUid = uid;
-    const admission = deps.admit?.(req, res);
-    const gate = admission instanceof Promise ? await admission : admission;
-    return proceed(req, res, rec, allowed, gate);
-  }
-
-  /** The checks after the peer's: synchronous, throwing the refusal; the route's promise when it runs. */
-  function proceed(req: IncomingMessage, res: ServerResponse, rec: AccessRecord, allowed: boolean, gate: Admission): Promise<void> | undefined {
-    if (gate === 'answered') {
-      rec.outcome = 'connection_refused';
-      res.destroy();
-      return undefined;
-    }
-    if (!allowed) {
-      res.shouldKeepAlive = false;
-      throw new AppError('forbidden_peer');
-    }
-    if (gate) throw gate;
-    if (front) {
-      const host = front.hostCheck(req);
+      if (!allowed) {
+        res.shouldKeepAlive = false;
+        throw new AppError('forbidden_peer');
+      }
+      if (gate) throw gate;
+      if (front) {
+        const host = front.hostCheck(req);
+        if (!host.ok) {
+          rec.refused = host.reason;
+          throw new AppError('forbidden_host', front.hostRefusal);
+        }
+        return route(req, res, rec);
+      }
+      // The reason goes into the access line (the operator's), never into the answer.
+      const host = checkHost(req.headers.host, deps.sidePort?.(req.socket) ?? deps.port());
       if (!host.ok) {
         rec.refused = host.reason;
-        throw new AppError('forbidden_host', front.hostRefusal);
+        throw new AppError('forbidden_host');
       }
+      const origin = checkOrigin(firstValue(req.headers.origin));
+      if (!origin.ok) {
+        rec.refused = origin.reason;
+        throw new AppError('forbidden_origin');
+      }
+      // Returned, not awaited: a stream can stay open for hours, and a suspended frame here
+      // would hold the request's state for as long (docs/performance.md, idle streams).
       return route(req, res, rec);
-    }
-    // The reason goes into the access line (the operator's), never into the answer.
-    const host = hostCheck(req.headers.host, deps.sidePort?.(req.socket) ?? deps.port());
-    if (!host.ok) {
-      rec.refused = host.reason;
-      throw new AppError('forbidden_host');
-    }
-    const origin = checkOrigin(firstValue(req.headers.origin));
-    if (!origin.ok) {
-      rec.refused = origin.reason;
-      throw new AppError('forbidden_origin');
-    }
-    // Returned, not awaited: a stream can stay open for hours, and a suspended frame here
-    // would hold the request's state for as long (docs/performance.md, idle streams).
-    return route(req, res, rec);
-  }
+    };
+    run().catch((err: unknown) => {
+      if (err instanceof ClientGoneError) {
+        rec.outcome = 'client_closed';
+        res.destroy();
+        return;
+      }
+      const appErr = toAppError(err);
+      if (appErr.code === 'internal_error') {
+        log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
+      }
+      rec.outcome = appErr.code;
+      sendError(res, appErr);
+    });
+  };
 }
-
-/** Where any error of a request becomes its answer (or, for a client gone, nothing). */
-function failed(log: Logger, res: ServerResponse, rec: AccessRecord, err: unknown): void {
-  if (err instanceof ClientGoneError) {
-    rec.outcome = 'client_closed';
-    res.destroy();
-    return;
-  }
-  const appErr = toAppError(err);
-  if (appErr.code === 'internal_error') {
-    log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
-  }
-  rec.outcome = appErr.code;
-  sendError(res, appErr);
-}
-
-const HOST_OK: Check = { ok: true };
 
 /** Answers a small JSON document (health endpoints). */
 export function sendJson(res: ServerResponse, status: number, value: unknown, head = false): void {

@@ -1,4 +1,3 @@
-import { writeSync } from 'node:fs';
 import { pino } from 'pino';
 
 /** What lines are written to: stdout's sonic-boom in the product. */
@@ -26,18 +25,7 @@ export class LogSink {
   private pendingChars = 0;
   private timer: NodeJS.Timeout | undefined;
 
-  /**
-   * `fd`: the descriptor `dest` writes to synchronously (stdout's sonic-boom), so a batch
-   * can be written to it directly. sonic-boom's write of a batch measured the string's
-   * length, wrote it, then encoded it once more into a Buffer only to slice off what was
-   * written: ≈ 1.2 µs per access line on top of the write itself (docs/performance.md).
-   * Both writers are synchronous and sonic-boom holds nothing between writes, so the
-   * log's order is kept.
-   */
-  constructor(
-    private readonly dest: Destination,
-    private fd?: number,
-  ) {
+  constructor(private readonly dest: Destination) {
     process.on('exit', () => this.flush());
   }
 
@@ -64,40 +52,7 @@ export class LogSink {
     const lines = this.pending.length === 1 ? (this.pending[0] as string) : this.pending.join('');
     this.pending = [];
     this.pendingChars = 0;
-    if (this.fd === undefined) this.dest.write(lines);
-    else this.writeDirect(this.fd, lines);
-  }
-
-  /**
-   * The whole batch to `fd`, as sonic-boom's synchronous mode would write it: the rest
-   * after a short write, a pause and another try on EAGAIN (a non-blocking pipe that is
-   * full). Any other error hands what is left to the destination, and every later batch
-   * too, so its own handling applies (pino's makes a broken pipe's writes no-ops).
-   */
-  private writeDirect(fd: number, lines: string): void {
-    let buf: Buffer | undefined;
-    let off = 0;
-    for (;;) {
-      try {
-        if (buf === undefined) {
-          const n = writeSync(fd, lines);
-          if (n === Buffer.byteLength(lines)) return;
-          buf = Buffer.from(lines);
-          off = n;
-        } else {
-          off += writeSync(fd, buf, off);
-          if (off >= buf.length) return;
-        }
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code === 'EAGAIN') {
-          Atomics.wait(PAUSE, 0, 0, BUSY_WRITE_MS);
-          continue;
-        }
-        this.fd = undefined;
-        this.dest.write(buf === undefined ? lines : buf.subarray(off).toString());
-        return;
-      }
-    }
+    this.dest.write(lines);
   }
 
   private readonly flushNow = (): void => {
@@ -106,13 +61,9 @@ export class LogSink {
   };
 }
 
-/** sonic-boom's pause before writing again to a full non-blocking descriptor. */
-const BUSY_WRITE_MS = 100;
-const PAUSE = new Int32Array(new SharedArrayBuffer(4));
-
 let stdout: LogSink | undefined;
 
 export function stdoutSink(): LogSink {
-  stdout ??= new LogSink(pino.destination({ dest: 1, sync: true }), 1);
+  stdout ??= new LogSink(pino.destination({ dest: 1, sync: true }));
   return stdout;
 }

@@ -1,6 +1,3 @@
-import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { pino } from 'pino';
 import t from 'tap';
 import { accessLogFor, isoNow } from '../../src/log/access-line.js';
@@ -153,34 +150,3 @@ t.test('the line\'s time is Date#toISOString\'s, across milliseconds, seconds, d
   t.equal(bad, 0);
 });
 
-t.test('with a descriptor, batches go to it directly, in order with the destination\'s own lines', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'sink-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
-  const path = join(dir, 'log');
-  const fd = openSync(path, 'w');
-  t.teardown(() => closeSync(fd));
-  // The destination writes to the same descriptor synchronously, as stdout's sonic-boom does.
-  const dest = { write: (data: string): boolean => (writeSync(fd, data), true) };
-  const sink = new LogSink(dest, fd);
-  sink.writeBatched('{"n":1,"binding":"benc…"}\n');
-  sink.writeBatched('{"n":2}\n');
-  sink.write('{"n":3}\n');
-  sink.writeBatched('{"n":4,"tool":"é"}\n');
-  sink.flush();
-  t.equal(readFileSync(path, 'utf8'), '{"n":1,"binding":"benc…"}\n{"n":2}\n{"n":3}\n{"n":4,"tool":"é"}\n', 'every line, in order, UTF-8 intact');
-});
-
-t.test('a descriptor that fails hands the batch, and later ones, to the destination', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'sink-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
-  writeFileSync(join(dir, 'log'), '');
-  const fd = openSync(join(dir, 'log'), 'r'); // read-only: a write fails (EBADF)
-  t.teardown(() => closeSync(fd));
-  const rec = new Recorder();
-  const sink = new LogSink(rec, fd);
-  sink.writeBatched('{"n":1}\n');
-  sink.flush();
-  sink.writeBatched('{"n":2}\n');
-  sink.flush();
-  t.strictSame(rec.writes, ['{"n":1}\n', '{"n":2}\n'], 'nothing lost');
-});
