@@ -1,19 +1,25 @@
-import { lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+import { closeSync, constants, fchmodSync, fchownSync, fsync, lstatSync, mkdirSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { lstat, readdir, rename } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
-import { atomicWrite, fsyncDir, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { promisify } from 'node:util';
+import { basename, dirname, join } from 'node:path';
+import { atomicWrite, fsyncDir, ownerFor, sweepStaleTemps, tempPathFor } from '../fs/atomic-write.js';
 import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
 import {
   emptySlotFile,
+  inboxBatchSchema,
   inboxFileSchema,
+  isBatchFileName,
+  MAX_BATCH_FILE_BYTES,
   slotOfFileName,
   type HandoffPaths,
+  type InboxFile,
   type SlotFile,
 } from '../data/handoff.js';
-import { parseJsonWith } from '../data/parse.js';
+import { checkWith, parseJsonWith } from '../data/parse.js';
+import type { RenewOk } from '../data/renew-wire.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 import { deleteFile, slotInForce, writeSlotFile } from './slot-admin.js';
 
@@ -277,6 +283,250 @@ async function sweepOnce(dir: string): Promise<void> {
   await sweep;
 }
 
+const fsyncFd = promisify(fsync);
+
+/**
+ * A bad batch entry, kept for the operator as a file of its own in rejected/ (the rest of
+ * its batch is applied). The name is the batch's and the entry's index, with the batch's
+ * inode: a batch applied again after a crash rewrites the same file instead of adding one.
+ */
+async function rejectEntry(deps: ApplyDeps, batch: string, ino: number, index: number, entry: unknown): Promise<void> {
+  await ensureHandoffDir(deps.paths, 'rejected');
+  await atomicWrite(join(deps.paths.rejected, `${batch}.${index}.${ino}.rejected`), `${JSON.stringify(entry)}\n`, { mode: 0o600 });
+}
+
+/** A token file's new content written to its temp name, still open for the batch's fsync. */
+interface StagedFile {
+  path: string;
+  tmp: string;
+  /** Closed (-1) once fsynced. */
+  fd: number;
+}
+
+/**
+ * Writes a token file's temp (atomicWrite's name, so `sweepStaleTemps` removes one a killed
+ * apply left): exclusive, O_NOFOLLOW, the final mode and owner. Not fsynced here: the batch
+ * fsyncs its temps together (`applyWave`).
+ */
+function stageTokenFile(path: string, token: string, owner: { uid: number; gid: number } | undefined): StagedFile {
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  // As atomicWrite: a symlink or a non-regular file at the target is refused, not replaced.
+  if (st && !st.isFile()) throw new Error(`refusing to replace ${st.isSymbolicLink() ? 'symlink' : 'non-regular file'} at ${path}`);
+  const tmp = tempPathFor(dirname(path), basename(path));
+  const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  try {
+    const bytes = Buffer.from(`${token}\n`);
+    const half = Math.floor(bytes.length / 2);
+    for (let off = 0; off < half; ) off += writeSync(fd, bytes, off, half - off);
+    crashPoint('apply-mid-token-write');
+    for (let off = half; off < bytes.length; ) off += writeSync(fd, bytes, off);
+    fchmodSync(fd, 0o600);
+    if (owner) fchownSync(fd, owner.uid, owner.gid);
+  } catch (err) {
+    closeSync(fd);
+    unlinkTemp(tmp);
+    throw err;
+  }
+  return { path, tmp, fd };
+}
+
+function unlinkTemp(tmp: string): void {
+  try {
+    unlinkSync(tmp);
+  } catch {
+    // already renamed or never made
+  }
+}
+
+async function fsyncStaged(s: StagedFile): Promise<void> {
+  await fsyncFd(s.fd);
+  const fd = s.fd;
+  s.fd = -1;
+  closeSync(fd);
+}
+
+function closeStaged(s: StagedFile): void {
+  if (s.fd === -1) return;
+  try {
+    closeSync(s.fd);
+  } catch {
+    // closed already
+  }
+  s.fd = -1;
+}
+
+/** What one valid batch entry comes to, decided before anything of its batch is written. */
+type EntryPlan =
+  | { kind: 'revoke'; slot: string; current: SlotFile }
+  | { kind: 'write'; slot: string; msg: RenewOk; files: string[] }
+  | { kind: 'skip' };
+
+async function planEntry(deps: ApplyDeps, msg: InboxFile, stats: ApplyStats, round: Round): Promise<EntryPlan> {
+  const { slot } = msg;
+  const inForce = await slotInForce(deps.paths, slot);
+  const current = inForce ?? emptySlotFile(slot);
+  if ('revoked' in msg) return { kind: 'revoke', slot, current };
+  if (deps.managed && !inForce) {
+    stats.ignored += 1;
+    deps.log.info({ slot }, 'inbox entry for a slot that is not in force; dropped');
+    return { kind: 'skip' };
+  }
+  if (!isNewer(msg, current)) {
+    stats.ignored += 1;
+    deps.log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox entry is not newer than the applied token; ignored');
+    return { kind: 'skip' };
+  }
+  return { kind: 'write', slot, msg, files: await deps.tokenFilesFor(slot, round) };
+}
+
+/**
+ * One wave of a batch: at most one entry per slot, so the entries do not depend on each
+ * other. Tokens first, each on disk before its slot file says so; then the slot files.
+ *
+ * The fsyncs, batched: every token of the wave is written to its temp, the temps are
+ * fsynced together (the kernel flushes them in one or a few journal commits, where one
+ * atomicWrite after another waited for a commit each), renamed in, and each token
+ * directory fsynced once, after every rename in it. A crash anywhere in between leaves
+ * the old token file or the new one whole (a rename is atomic; a temp never renamed is
+ * swept at the next start), the slot files unchanged, and the batch in the inbox: the
+ * next pass applies it again. Two entries naming the same token file (an operator's own
+ * tokenFile shared by two slots) are renamed in entry order, so the later entry's token
+ * is what the file holds, as when the later file was applied last.
+ */
+async function applyWave(deps: ApplyDeps, wave: readonly InboxFile[], stats: ApplyStats, round: Round): Promise<void> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const plans = await Promise.all(wave.map((msg) => planEntry(deps, msg, stats, round)));
+  const writes = plans.filter((p): p is Extract<EntryPlan, { kind: 'write' }> => p.kind === 'write');
+  const staged: StagedFile[] = [];
+  let renamed = 0;
+  try {
+    for (const plan of writes) {
+      for (const file of plan.files) {
+        const dir = dirname(file);
+        if (!round.madeDirs.has(dir)) {
+          mkdirSync(dir, { recursive: true, mode: 0o700 });
+          round.madeDirs.add(dir);
+        }
+        await sweepOnce(dir);
+        staged.push(stageTokenFile(file, plan.msg.token, await ownerOnce(round, dir)));
+      }
+    }
+    // allSettled: no descriptor left open behind a failed fsync.
+    const synced = await Promise.allSettled(staged.map((s) => fsyncStaged(s)));
+    for (const r of synced) if (r.status === 'rejected') throw r.reason;
+    for (const s of staged) {
+      renameSync(s.tmp, s.path);
+      renamed += 1;
+    }
+  } finally {
+    // A failure leaves no temp behind (what was renamed is whole; the batch is applied again).
+    for (const s of staged.slice(renamed)) {
+      closeStaged(s);
+      unlinkTemp(s.tmp);
+    }
+  }
+  await Promise.all([...new Set(writes.flatMap((p) => p.files.map((f) => dirname(f))))].map((dir) => fsyncDir(dir)));
+  if (writes.length > 0) crashPoint('apply-after-token-write');
+
+  const revokedDirs = new Set<string>();
+  for (const plan of plans) {
+    if (plan.kind === 'revoke') {
+      // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
+      let deleted = 0;
+      for (const file of await deps.tokenFilesFor(plan.slot, round)) {
+        revokedDirs.add(dirname(file));
+        if (await deleteFile(file)) deleted += 1;
+      }
+      await writeSlotFile(paths, { ...plan.current, slot: plan.slot, revoked: true }, { dirChecked: round.slotsChecked, noFsync: true });
+      stats.applied += 1;
+      log.warn({ slot: plan.slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
+    } else if (plan.kind === 'write') {
+      const { msg } = plan;
+      // Without an fsync each: slots/'s one fsync below makes them durable (see `applyInbox`).
+      await writeSlotFile(
+        paths,
+        { slot: plan.slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, generation: msg.credentialGeneration, appliedAt: new Date(now()).toISOString() },
+        { dirChecked: round.slotsChecked, noFsync: true },
+      );
+      stats.applied += 1;
+      log.info({ slot: plan.slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: plan.files.length }, 'token applied');
+    }
+  }
+  // The deletions and every slot file durable before the batch is removed (a deletion a
+  // power cut undid is redone when the batch is applied again).
+  await Promise.all([...revokedDirs].map((dir) => fsyncDir(dir).catch(() => undefined)));
+  if (plans.some((p) => p.kind !== 'skip')) await fsyncDir(paths.slots);
+}
+
+/**
+ * One inbox batch (`inbox/batch-*.json`, the link's group commit), hostile input as a
+ * single file is: read bounded (no symlink, no FIFO, the size bound), the envelope parsed,
+ * then each entry checked on its own: a bad entry is rejected alone (logged, kept in
+ * rejected/), the rest applied exactly as a single file is (slots not in force dropped on
+ * a managed host, `isNewer`, a revocation deleting the token files). An unreadable or
+ * unparseable batch is moved aside whole. The batch is removed once every entry is on
+ * disk; a crash before that applies it again on the next pass, which `isNewer` makes
+ * idempotent. Returns false when a new desired state interrupted it (the batch stays).
+ */
+async function applyBatch(deps: ApplyDeps, name: string, stats: ApplyStats, round: Round): Promise<boolean> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const path = join(paths.inbox, name);
+  let ino: number;
+  let text: string;
+  try {
+    const file = await readBoundedRegularFile(path, MAX_BATCH_FILE_BYTES);
+    ino = file.stat.ino;
+    text = file.text;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return true;
+    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
+    const st = await lstat(path).catch(() => undefined);
+    if (st) await moveAside(deps, name, st.ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason }, 'inbox batch rejected; moved aside, not applied');
+    return true;
+  }
+  const parsed = parseJsonWith(inboxBatchSchema, text);
+  if (!parsed.ok) {
+    await moveAside(deps, name, ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason: parsed.error }, 'inbox batch rejected; moved aside, not applied');
+    return true;
+  }
+  // Waves: a slot's second entry in one batch (never from our link, which has one renewal
+  // per slot in flight) goes in the next wave, so each wave's entries are independent and
+  // a slot's entries are judged by `isNewer` in the order they were written.
+  const waves: InboxFile[][] = [];
+  const seen = new Map<string, number>();
+  for (const [index, entry] of parsed.value.entries.entries()) {
+    const checked = checkWith(inboxFileSchema, entry);
+    if (!checked.ok) {
+      await rejectEntry(deps, name, ino, index, entry);
+      stats.rejected += 1;
+      log.error({ file: name, entry: index, reason: checked.error }, 'inbox batch entry rejected; kept in rejected/, the rest of the batch applied');
+      continue;
+    }
+    const n = seen.get(checked.value.slot) ?? 0;
+    seen.set(checked.value.slot, n + 1);
+    (waves[n] ??= []).push(checked.value);
+  }
+  for (const wave of waves) {
+    // A new desired state came while this batch waited: nothing of this wave is written,
+    // so the batch stays for the pass after the reconcile (waves already written are
+    // ignored then, as not newer).
+    if (deps.interrupt?.()) {
+      stats.interrupted = true;
+      return false;
+    }
+    await applyWave(deps, wave, stats, round);
+  }
+  await removeIfSame(path, ino);
+  return true;
+}
+
 function stampOf(ms: number): string {
   return new Date(ms).toISOString().replace(/[:.]/g, '-');
 }
@@ -336,7 +586,12 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
       if (names.length === 0) break;
       const round = await newRound(deps);
       const running = new Set<Promise<void>>();
-      for (const name of names) {
+      // Per-slot files (a link before the batches left them at upgrade, or junk to move
+      // aside) first, 32 at once as before; then the batches, one after the other in name
+      // (write) order, never beside a per-slot file: each batch's entries are applied
+      // together, and two passes over one slot at once could land the older token last.
+      const batches = names.filter(isBatchFileName);
+      for (const name of names.filter((n) => !isBatchFileName(n))) {
         // Asked before each start: a new desired state waits for at most the files in flight.
         if (deps.interrupt?.()) {
           stats.interrupted = true;
@@ -354,6 +609,19 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
         running.add(one);
       }
       await Promise.all(running);
+      for (const name of batches) {
+        if (deps.interrupt?.()) {
+          stats.interrupted = true;
+          break rounds;
+        }
+        try {
+          if (!(await applyBatch(deps, name, stats, round))) break rounds;
+        } catch (err) {
+          failed.add(name);
+          stats.failed = (stats.failed ?? 0) + 1;
+          deps.log.error({ file: name, err: { message: (err as Error).message } }, 'could not apply inbox batch; left in place for the next run');
+        }
+      }
     }
   }, lock);
   return stats;
