@@ -540,9 +540,12 @@ function stampOf(ms: number): string {
 export const INBOX_FILES_IN_FLIGHT = 32;
 
 /**
- * Applies every inbox file, oldest name first, up to INBOX_FILES_IN_FLIGHT at once, under
- * the hand-off lock so a `.path` trigger and a manual run never interleave. Each file is
- * independent: one bad file is moved aside and the rest still apply.
+ * Applies every inbox file under the hand-off lock, so a `.path` trigger and a manual run
+ * never interleave: per-slot files (a previous link's) oldest name first, up to
+ * INBOX_FILES_IN_FLIGHT at once, then the batches one after the other in name order
+ * (`applyBatch`, whose durability argument is `applyWave`'s). Each file is independent: one
+ * bad file is moved aside, one bad batch entry rejected alone, and the rest still apply.
+ * What follows is the per-slot file's durability; a batch's is the same per entry.
  *
  * Durability, per token: the token file is fsynced (file and directory) before the slot
  * file is written; the slot file is renamed into place without an fsync of its own, and
