@@ -655,19 +655,21 @@ t.test('a batch on a managed host: a slot not in force dropped; a revocation del
   t.strictSame(inboxNames(e.p), []);
 });
 
-t.test('a new desired state interrupts between batches; nothing of the waiting batch is written', async (t) => {
+t.test('a new desired state interrupts between waves; nothing of the waiting wave is written, the batches stay', async (t) => {
   let asked = 0;
   const e = perSlotEnv({ interrupt: () => ++asked > 2 });
-  putBatch(e.p, [body({ slot: S(1), token: 'gw_first-SECRET' })]);
-  const second = putBatch(e.p, [body({ slot: S(2), token: 'gw_second-SECRET' })]);
+  // Applied together: wave 1 holds S(1)'s first answer and S(2); wave 2 S(1)'s second.
+  const first = putBatch(e.p, [body({ slot: S(1), tokenId: 'tok-1a', token: 'gw_first-SECRET' })]);
+  const second = putBatch(e.p, [body({ slot: S(1), tokenId: 'tok-1b', token: 'gw_newer-SECRET', credentialGeneration: 2 }), body({ slot: S(2), token: 'gw_second-SECRET' })]);
   const stats = await applyInbox(e.deps);
   t.equal(stats.interrupted, true);
-  t.ok(existsSync(e.tokenOf(S(1))), 'the first batch applied');
-  t.notOk(existsSync(e.tokenOf(S(2))), 'the second not started');
-  t.ok(existsSync(second), 'and left in the inbox for the next pass');
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: 'gw_first-SECRET' }, 'the first wave applied');
+  t.ok(existsSync(e.tokenOf(S(2))), 'S(2) with it');
+  t.ok(existsSync(first) && existsSync(second), 'both batches left in the inbox for the next pass');
   const again = await applyInbox({ ...e.deps, interrupt: () => false });
-  t.equal(again.applied, 1);
-  t.ok(existsSync(e.tokenOf(S(2))));
+  t.strictSame(again, { applied: 1, ignored: 2, rejected: 0 }, 'the next pass: what was written is not newer, the rest applied');
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: 'gw_newer-SECRET' });
+  t.strictSame(inboxNames(e.p), []);
 });
 
 t.test('a batch whose token write fails stays whole for the next pass; applying it again is idempotent', async (t) => {
