@@ -5,9 +5,9 @@
  * The built CLI's `renew fetch --once` over N slots that hold no token yet, against the
  * mock renewal Gateway in this process (a real RenewAuthority, loopback HTTP); from its
  * start until it exits with every slot handed to apply. apply is not run: this is fetch's
- * own rate (apply takes the inbox one file at a time; the link bench measures both).
+ * own rate (the link bench measures both).
  */
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MockRenewGateway } from '../test/support/mock-renew-gateway.js';
@@ -44,7 +44,10 @@ async function burst(cli: string, slots: number, concurrency: number): Promise<R
     ], { stdio: ['ignore', 'ignore', 'inherit'] });
     const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
     const seconds = (performance.now() - t0) / 1000;
-    const handed = readdirSync(join(handoff, 'inbox')).filter((f) => !f.startsWith('.')).length;
+    // Answers handed over: the entries of the batch files (a previous build's per-slot files count one each).
+    const handed = readdirSync(join(handoff, 'inbox'))
+      .filter((f) => !f.startsWith('.'))
+      .reduce((n, f) => n + (f.startsWith('batch-') ? (JSON.parse(readFileSync(join(handoff, 'inbox', f), 'utf8')) as { entries: unknown[] }).entries.length : 1), 0);
     if (code !== 0 || handed !== slots) throw new Error(`renew fetch --once exited ${String(code)} with ${handed}/${slots} slots handed over`);
     return { concurrency, slots, seconds: Math.round(seconds * 10) / 10, perSecond: Math.round((slots / seconds) * 10) / 10, loadavg1AtStart: load };
   } finally {

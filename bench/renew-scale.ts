@@ -51,6 +51,8 @@ export interface RenewScaleOptions {
   renewConcurrency?: number;
   /** Run the link under `node --cpu-prof`, its profiles written here (at its exit). */
   linkCpuProfDir?: string;
+  /** The same for `renew apply --watch`. */
+  applyCpuProfDir?: string;
   /** Skip phase 2 (the revocation): quicker iteration on phase 1's figures. */
   noRevoke?: boolean;
 }
@@ -151,7 +153,7 @@ interface Host {
 }
 
 /** A fresh host: the three parts on one scratch state root, the first (empty) state applied. */
-async function startHost(cli: string, upstreamUrl: string, renewConcurrency: number | undefined, linkCpuProfDir?: string): Promise<Host> {
+async function startHost(cli: string, upstreamUrl: string, renewConcurrency: number | undefined, linkCpuProfDir?: string, applyCpuProfDir?: string): Promise<Host> {
   const dir = mkdtempSync(join(tmpdir(), 'ac-bench-renew-scale-'));
   const state = join(dir, 'state');
   const handoff = join(state, 'handoff');
@@ -184,7 +186,7 @@ async function startHost(cli: string, upstreamUrl: string, renewConcurrency: num
     const fwdPort = await freePort();
     start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
     await waitForPort(fwdPort, 30_000);
-    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], 'info');
+    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], 'info', applyCpuProfDir === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${applyCpuProfDir}`]);
     await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 30_000);
     // prettier-ignore
     const link = start('link', [
@@ -218,16 +220,16 @@ async function burstPhase(
   cli: string,
   upstream: string,
   log: (l: string) => void,
-  o: Required<Omit<RenewScaleOptions, 'cli' | 'renewConcurrency' | 'linkCpuProfDir' | 'noRevoke'>> & { renewConcurrency?: number; linkCpuProfDir?: string },
+  o: Required<Omit<RenewScaleOptions, 'cli' | 'renewConcurrency' | 'linkCpuProfDir' | 'applyCpuProfDir' | 'noRevoke'>> & { renewConcurrency?: number; linkCpuProfDir?: string; applyCpuProfDir?: string },
 ): Promise<Record<string, unknown>> {
-  const host = await startHost(cli, upstream, o.renewConcurrency, o.linkCpuProfDir);
+  const host = await startHost(cli, upstream, o.renewConcurrency, o.linkCpuProfDir, o.applyCpuProfDir);
   try {
     const probes = bindingsOf('probe', o.probes, upstream);
     await connectServed(host, probes);
     const many = o.bindings - o.probes;
     log(`renew scale: ${o.probes} probes served; publishing ${many} bindings`);
     const load0 = loadavg()[0] ?? NaN;
-    const cpu0 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(), linkSplit: userSystemMicros(host.link) };
+    const cpu0 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(), linkSplit: userSystemMicros(host.link), applySplit: userSystemMicros(host.apply) };
     const t0 = performance.now();
     host.gw.control.connectBindings(bindingsOf('many', many, upstream));
     const version = host.gw.control.version;
@@ -264,7 +266,7 @@ async function burstPhase(
       (allMs === undefined ? during : after).push(ms);
     }
     await watcher;
-    const cpu1 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(cpu0.bench), linkSplit: userSystemMicros(host.link) };
+    const cpu1 = { link: cpuMicros(host.link), apply: cpuMicros(host.apply), bench: process.cpuUsage(cpu0.bench), linkSplit: userSystemMicros(host.link), applySplit: userSystemMicros(host.apply) };
     const renewMs = allMs === undefined ? undefined : allMs - inForceMs;
     return {
       loadavg1: { start: Math.round(load0 * 10) / 10, end: Math.round((loadavg()[0] ?? NaN) * 10) / 10 },
@@ -279,9 +281,20 @@ async function burstPhase(
         linkUser: Math.round((cpu1.linkSplit.user - cpu0.linkSplit.user) / 1e5) / 10,
         linkSystem: Math.round((cpu1.linkSplit.system - cpu0.linkSplit.system) / 1e5) / 10,
         apply: Math.round((cpu1.apply - cpu0.apply) / 1e5) / 10,
+        applyUser: Math.round((cpu1.applySplit.user - cpu0.applySplit.user) / 1e5) / 10,
+        applySystem: Math.round((cpu1.applySplit.system - cpu0.applySplit.system) / 1e5) / 10,
         // This process: the mock Gateway's renewals, plus the bench's own watching (the token
         // directory's file events, a listing every 5 s, and the probes' requests).
         benchWithMockGateway: Math.round((cpu1.bench.user + cpu1.bench.system) / 1e5) / 10,
+      },
+      // Per slot of the burst (the probes' disconnects are in the totals too; 25 against thousands).
+      cpuMsPerSlot: {
+        link: Math.round((cpu1.link - cpu0.link) / many) / 1000,
+        linkUser: Math.round((cpu1.linkSplit.user - cpu0.linkSplit.user) / many) / 1000,
+        linkSystem: Math.round((cpu1.linkSplit.system - cpu0.linkSplit.system) / many) / 1000,
+        apply: Math.round((cpu1.apply - cpu0.apply) / many) / 1000,
+        applyUser: Math.round((cpu1.applySplit.user - cpu0.applySplit.user) / many) / 1000,
+        applySystem: Math.round((cpu1.applySplit.system - cpu0.applySplit.system) / many) / 1000,
       },
       peakRssMiB: { link: peakRssMiB(host.link), apply: peakRssMiB(host.apply) },
       disconnectTo404DuringBurstMs: spread(during),
@@ -331,6 +344,7 @@ export async function runRenewScale(log: (line: string) => void, options: RenewS
     revokeAfterTokens: options.revokeAfterTokens ?? 300,
     ...(options.renewConcurrency !== undefined && { renewConcurrency: options.renewConcurrency }),
     ...(options.linkCpuProfDir !== undefined && { linkCpuProfDir: options.linkCpuProfDir }),
+    ...(options.applyCpuProfDir !== undefined && { applyCpuProfDir: options.applyCpuProfDir }),
   };
   const upstream = await okUpstream();
   try {
@@ -355,7 +369,10 @@ export async function runRenewScaleCli(argv: string[], log: (line: string) => vo
   const renewConcurrency = numberFlag(argv, '--renew-concurrency');
   const prof = argv.indexOf('--link-cpu-prof');
   const linkCpuProfDir = prof === -1 ? undefined : argv[prof + 1];
+  const aprof = argv.indexOf('--apply-cpu-prof');
+  const applyCpuProfDir = aprof === -1 ? undefined : argv[aprof + 1];
   const res = await runRenewScale(log, {
+    ...(applyCpuProfDir !== undefined && { applyCpuProfDir }),
     ...(linkCpuProfDir !== undefined && { linkCpuProfDir }),
     ...(argv.includes('--no-revoke') && { noRevoke: true }),
     ...(bindings !== undefined && { bindings }),

@@ -470,3 +470,40 @@ t.test('bind --handoff creates the slot with tokenId null; unbind of the last bi
 });
 
 checkNoLeaks(t);
+
+t.test('SIGKILL mid-batch: each token file old or new, never partial; the batch stays and a rerun converges', async (t) => {
+  const slots = ['instance:inst-a', 'instance:inst-b', 'instance:inst-c'];
+  const tokenFileOf = (h: Handoff, slot: string): string => join(h.state, 'mcp-forwarder', `${slot.slice('instance:'.length)}.token`);
+  const batchName = 'batch-1893499200000001-0123456789ab.json';
+  for (const hook of ['apply-mid-token-write', 'apply-after-token-write'] as const) {
+    const h = setup(t);
+    // An older token applied first, from a per-slot file (what the previous link wrote).
+    const old = body('old', 1, inMinutes(10));
+    writeInbox(h, `${SLOT}.json`, old);
+    await applyOnce(t, h);
+    const slotBefore = readText(slotPath(h));
+    const next = slots.map((s) => body(`new-${s.slice(-1)}`, 2, inMinutes(20), s));
+    const batch = writeInbox(h, batchName, `${JSON.stringify({ v: 1, entries: next })}\n`);
+    const crashed = await applyOnce(t, h, [], { AGENT_CONNECTORS_TEST_HOOKS: `crash:${hook}` });
+    t.equal(crashed.signal, 'SIGKILL', `${hook}: the crash point fired`);
+    t.ok(existsSync(batch), `${hook}: the batch survives the crash (nothing lost)`);
+    for (const [i, s] of slots.entries()) {
+      const f = tokenFileOf(h, s);
+      const seen = existsSync(f) ? readText(f) : undefined;
+      const allowed = [...(s === SLOT ? [`${old.token}\n`] : []), `${next[i]?.token}\n`];
+      if (seen === undefined) t.not(s, SLOT, `${hook}: ${s}: missing only if it had none`);
+      else t.ok(allowed.includes(seen), `${hook}: ${s}: the old token or the new one, whole`);
+    }
+    t.equal(readText(slotPath(h)), slotBefore, `${hook}: no slot file updated before every token of the batch was on disk`);
+
+    const rerun = await applyOnce(t, h);
+    for (const [i, s] of slots.entries()) {
+      t.equal(readText(tokenFileOf(h, s)), `${next[i]?.token}\n`, `${hook}: rerun: ${s} holds its new token`);
+      t.equal(statSync(tokenFileOf(h, s)).mode & 0o777, 0o600);
+      t.match(JSON.parse(readText(join(h.slots, `${s}.json`))) as unknown, { slot: s, tokenId: next[i]?.tokenId, generation: 2 }, `${hook}: rerun: ${s} slot file`);
+    }
+    t.notOk(existsSync(batch), `${hook}: rerun: the batch removed`);
+    t.equal(logsWith(rerun.proc, APPLIED).length, 3, `${hook}: rerun: three applied`);
+    t.same(readdirSync(join(h.state, 'mcp-forwarder')).filter((n) => n.startsWith('.')), [], `${hook}: rerun: no temp left`);
+  }
+});

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import t from 'tap';
 import { ensureAgentUser, runAsAgent } from '../test/support/agent-user.js';
 import { checkNoLeaks, knownSecrets, REPO_ROOT, startCli, type CliProc, type LogLine } from '../test/support/cli-proc.js';
-import { within } from '../test/support/poll.js';
+import { until, within } from '../test/support/poll.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 
@@ -239,3 +239,62 @@ t.test("(g) as the link's user: rejected/, inbox/ and slots/ cannot be swapped f
 });
 
 checkNoLeaks(t);
+
+/** A batch name as the link makes it (the sequence and random part given). */
+const batchName = (seq: number, hex: string): string => `batch-${String(seq).padStart(16, '0')}-${hex}.json`;
+
+t.test('(h) inbox batches are hostile input too: a symlink, a FIFO, an oversized batch refused unread; a bad entry costs only itself', async (t) => {
+  const r = await rig(t);
+  const other = handOff(r, 'inst-b');
+  await r.apply.waitForLog(appliedFor(other.tokenId));
+
+  // A symlink batch pointing at another slot's token file: not followed.
+  let mark = r.apply.logs.length;
+  const link = batchName(1, 'aaaaaaaaaaaa');
+  symlinkSync(r.tokenFile('inst-b'), join(r.inbox, link));
+  t.equal((await r.apply.waitForLog(aboutFile(link), 10_000, mark)).reason, 'symlink', 'a symlink batch refused as a symlink');
+  t.equal(readFileSync(r.tokenFile('inst-b'), 'utf8'), `${other.token}\n`, "the other slot's token file untouched");
+
+  // A FIFO batch: moved aside at once, never waited on.
+  mark = r.apply.logs.length;
+  const fifo = batchName(2, 'bbbbbbbbbbbb');
+  execFileSync('mkfifo', [join(r.inbox, fifo)]);
+  t.equal((await r.apply.waitForLog(aboutFile(fifo), 10_000, mark)).reason, 'not-regular', 'a FIFO batch refused');
+
+  // An oversized batch: refused by its size, unread.
+  mark = r.apply.logs.length;
+  const big = batchName(3, 'cccccccccccc');
+  const tmp = join(r.inbox, `.${big}.tmp`);
+  writeFileSync(tmp, '');
+  truncateSync(tmp, 100 * 1024 * 1024);
+  renameSync(tmp, join(r.inbox, big));
+  t.equal((await r.apply.waitForLog(aboutFile(big), 10_000, mark)).reason, 'too-large', 'an oversized batch refused');
+
+  // A batch with a good entry between two bad ones (one naming a token file by a path, one
+  // carrying an extra field): the good one applied, each bad one kept alone in rejected/.
+  mark = r.apply.logs.length;
+  const token = `tok-sec-batch-${randomBytes(18).toString('base64url')}`;
+  knownSecrets.add(token);
+  const good = { slot: 'instance:inst-a', tokenId: `tid-${randomBytes(6).toString('hex')}`, token, expiresAt: inMinutes(30), credentialGeneration: 1 };
+  const badToken = `tok-sec-bad-${randomBytes(18).toString('base64url')}`;
+  knownSecrets.add(badToken);
+  const entries = [
+    { slot: 'instance:../../etc/passwd', tokenId: 'tid-x', token: badToken, expiresAt: inMinutes(30), credentialGeneration: 1 },
+    good,
+    { ...good, slot: 'instance:inst-c', tokenFile: '/etc/shadow' },
+  ];
+  const mixed = batchName(4, 'dddddddddddd');
+  writeFileSync(join(r.inbox, `.${mixed}.tmp`), `${JSON.stringify({ v: 1, entries })}\n`, { mode: 0o640 });
+  renameSync(join(r.inbox, `.${mixed}.tmp`), join(r.inbox, mixed));
+  await r.apply.waitForLog(appliedFor(good.tokenId), 10_000, mark);
+  t.equal(readFileSync(r.tokenFile('inst-a'), 'utf8'), `${token}\n`, 'the good entry applied');
+  t.notOk(existsSync(r.tokenFile('inst-c')), 'no token for the entry with an extra field');
+  const entryLines = r.apply.since(mark).filter((l) => l.msg === 'inbox batch entry rejected; kept in rejected/, the rest of the batch applied');
+  t.same(entryLines.map((l) => l.entry).sort(), [0, 2], 'both bad entries logged, by index');
+  t.ok(readdirSync(r.rejected).filter((n) => n.startsWith(`${mixed}.`)).length === 2, 'each kept as its own file in rejected/');
+  // Removed once every entry's slot file is durable: after the applied line, within the pass.
+  await until(() => !existsSync(join(r.inbox, mixed)), 'the batch to be removed', 10_000);
+  t.pass('the batch removed');
+  t.notOk(r.apply.lines.join('\n').includes(badToken), 'no token of a bad entry in any log line');
+  await keepsWorking(t, r);
+});

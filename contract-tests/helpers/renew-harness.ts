@@ -138,18 +138,42 @@ export class RenewRig {
     return { proc, exit };
   }
 
+  /**
+   * The inbox file holding the newest answer for `slot`: the newest batch file (names sort
+   * in write order) with an entry for it, else a per-slot file (what a link before the
+   * batches wrote; the path even when absent).
+   */
   inboxPath(slot: string): string {
-    return join(this.handoff, 'inbox', `${slot}.json`);
+    const dir = join(this.handoff, 'inbox');
+    for (const name of this.inboxNames().filter((n) => n.startsWith('batch-')).sort().reverse()) {
+      if (this.batchEntries(name)?.some((e) => (e as { slot?: unknown }).slot === slot)) return join(dir, name);
+    }
+    return join(dir, `${slot}.json`);
   }
 
   inboxNames(): string[] {
     return readdirSync(join(this.handoff, 'inbox'));
   }
 
+  /** A batch file's entries as written (undefined when gone: apply took it meanwhile). */
+  batchEntries(name: string): unknown[] | undefined {
+    let text: string;
+    try {
+      text = readFileSync(join(this.handoff, 'inbox', name), 'utf8');
+    } catch {
+      return undefined;
+    }
+    return (JSON.parse(text) as { v: 1; entries: unknown[] }).entries;
+  }
+
+  /** The newest answer for `slot` in the inbox, whichever file holds it. */
   readInbox(slot: string): InboxOk | { slot: string; revoked: true; at: string } | undefined {
     const p = this.inboxPath(slot);
     if (!existsSync(p)) return undefined;
-    return JSON.parse(readFileSync(p, 'utf8')) as InboxOk | { slot: string; revoked: true; at: string };
+    const name = p.slice(p.lastIndexOf('/') + 1);
+    if (!name.startsWith('batch-')) return JSON.parse(readFileSync(p, 'utf8')) as InboxOk | { slot: string; revoked: true; at: string };
+    const mine = (this.batchEntries(name) ?? []).filter((e) => (e as { slot?: unknown }).slot === slot);
+    return mine[mine.length - 1] as InboxOk | { slot: string; revoked: true; at: string } | undefined;
   }
 
   readSlot(slot: string): SlotFileJson {

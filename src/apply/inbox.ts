@@ -1,19 +1,25 @@
-import { lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+import { closeSync, constants, fchmodSync, fchownSync, fsync, lstatSync, mkdirSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { lstat, readdir, rename } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
-import { atomicWrite, fsyncDir, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
+import { promisify } from 'node:util';
+import { basename, dirname, join } from 'node:path';
+import { atomicWrite, fsyncDir, ownerFor, sweepStaleTemps, tempPathFor } from '../fs/atomic-write.js';
 import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
 import {
   emptySlotFile,
+  inboxBatchSchema,
   inboxFileSchema,
+  isBatchFileName,
+  MAX_BATCH_FILE_BYTES,
   slotOfFileName,
   type HandoffPaths,
+  type InboxFile,
   type SlotFile,
 } from '../data/handoff.js';
-import { parseJsonWith } from '../data/parse.js';
+import { checkWith, parseJsonWith } from '../data/parse.js';
+import type { RenewOk } from '../data/renew-wire.js';
 import { ensureHandoffDir } from './handoff-dirs.js';
 import { deleteFile, slotInForce, writeSlotFile } from './slot-admin.js';
 
@@ -277,6 +283,290 @@ async function sweepOnce(dir: string): Promise<void> {
   await sweep;
 }
 
+const fsyncFd = promisify(fsync);
+
+/**
+ * A bad batch entry, kept for the operator as a file of its own in rejected/ (the rest of
+ * its batch is applied). The name is the batch's and the entry's index, with the batch's
+ * inode: a batch applied again after a crash rewrites the same file instead of adding one.
+ */
+async function rejectEntry(deps: ApplyDeps, batch: string, ino: number, index: number, entry: unknown): Promise<void> {
+  await ensureHandoffDir(deps.paths, 'rejected');
+  await atomicWrite(join(deps.paths.rejected, `${batch}.${index}.${ino}.rejected`), `${JSON.stringify(entry)}\n`, { mode: 0o600 });
+}
+
+/** A token file's new content written to its temp name, still open for the batch's fsync. */
+interface StagedFile {
+  path: string;
+  tmp: string;
+  /** Closed (-1) once fsynced. */
+  fd: number;
+}
+
+/**
+ * Writes a token file's temp (atomicWrite's name, so `sweepStaleTemps` removes one a killed
+ * apply left): exclusive, O_NOFOLLOW, the final mode and owner. Not fsynced here: the batch
+ * fsyncs its temps together (`applyWave`).
+ */
+function stageTokenFile(path: string, token: string, owner: { uid: number; gid: number } | undefined): StagedFile {
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  // As atomicWrite: a symlink or a non-regular file at the target is refused, not replaced.
+  if (st && !st.isFile()) throw new Error(`refusing to replace ${st.isSymbolicLink() ? 'symlink' : 'non-regular file'} at ${path}`);
+  const tmp = tempPathFor(dirname(path), basename(path));
+  const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  try {
+    const bytes = Buffer.from(`${token}\n`);
+    const half = Math.floor(bytes.length / 2);
+    for (let off = 0; off < half; ) off += writeSync(fd, bytes, off, half - off);
+    crashPoint('apply-mid-token-write');
+    for (let off = half; off < bytes.length; ) off += writeSync(fd, bytes, off);
+    fchmodSync(fd, 0o600);
+    if (owner) fchownSync(fd, owner.uid, owner.gid);
+  } catch (err) {
+    closeSync(fd);
+    unlinkTemp(tmp);
+    throw err;
+  }
+  return { path, tmp, fd };
+}
+
+function unlinkTemp(tmp: string): void {
+  try {
+    unlinkSync(tmp);
+  } catch {
+    // already renamed or never made
+  }
+}
+
+async function fsyncStaged(s: StagedFile): Promise<void> {
+  await fsyncFd(s.fd);
+  const fd = s.fd;
+  s.fd = -1;
+  closeSync(fd);
+}
+
+function closeStaged(s: StagedFile): void {
+  if (s.fd === -1) return;
+  try {
+    closeSync(s.fd);
+  } catch {
+    // closed already
+  }
+  s.fd = -1;
+}
+
+/** What one valid batch entry comes to, decided before anything of its batch is written. */
+type EntryPlan =
+  | { kind: 'revoke'; slot: string; current: SlotFile }
+  | { kind: 'write'; slot: string; msg: RenewOk; files: string[] }
+  | { kind: 'skip' };
+
+async function planEntry(deps: ApplyDeps, msg: InboxFile, stats: ApplyStats, round: Round): Promise<EntryPlan> {
+  const { slot } = msg;
+  const inForce = await slotInForce(deps.paths, slot);
+  const current = inForce ?? emptySlotFile(slot);
+  if ('revoked' in msg) return { kind: 'revoke', slot, current };
+  if (deps.managed && !inForce) {
+    stats.ignored += 1;
+    deps.log.info({ slot }, 'inbox entry for a slot that is not in force; dropped');
+    return { kind: 'skip' };
+  }
+  if (!isNewer(msg, current)) {
+    stats.ignored += 1;
+    deps.log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox entry is not newer than the applied token; ignored');
+    return { kind: 'skip' };
+  }
+  return { kind: 'write', slot, msg, files: await deps.tokenFilesFor(slot, round) };
+}
+
+/**
+ * One wave of a batch: at most one entry per slot, so the entries do not depend on each
+ * other. Tokens first, each on disk before its slot file says so; then the slot files.
+ *
+ * The fsyncs, batched: every token of the wave is written to its temp, the temps are
+ * fsynced together (the kernel flushes them in one or a few journal commits, where one
+ * atomicWrite after another waited for a commit each), renamed in, and each token
+ * directory fsynced once, after every rename in it. A crash anywhere in between leaves
+ * the old token file or the new one whole (a rename is atomic; a temp never renamed is
+ * swept at the next start), the slot files unchanged, and the batch in the inbox: the
+ * next pass applies it again. Two entries naming the same token file (an operator's own
+ * tokenFile shared by two slots) are renamed in entry order, so the later entry's token
+ * is what the file holds, as when the later file was applied last.
+ */
+async function applyWave(deps: ApplyDeps, wave: readonly InboxFile[], stats: ApplyStats, round: Round): Promise<void> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const plans = await Promise.all(wave.map((msg) => planEntry(deps, msg, stats, round)));
+  const writes = plans.filter((p): p is Extract<EntryPlan, { kind: 'write' }> => p.kind === 'write');
+  const staged: StagedFile[] = [];
+  let renamed = 0;
+  try {
+    for (const plan of writes) {
+      for (const file of plan.files) {
+        const dir = dirname(file);
+        if (!round.madeDirs.has(dir)) {
+          mkdirSync(dir, { recursive: true, mode: 0o700 });
+          round.madeDirs.add(dir);
+        }
+        await sweepOnce(dir);
+        staged.push(stageTokenFile(file, plan.msg.token, await ownerOnce(round, dir)));
+      }
+    }
+    // allSettled: no descriptor left open behind a failed fsync.
+    const synced = await Promise.allSettled(staged.map((s) => fsyncStaged(s)));
+    for (const r of synced) if (r.status === 'rejected') throw r.reason;
+    for (const s of staged) {
+      renameSync(s.tmp, s.path);
+      renamed += 1;
+    }
+  } finally {
+    // A failure leaves no temp behind (what was renamed is whole; the batch is applied again).
+    for (const s of staged.slice(renamed)) {
+      closeStaged(s);
+      unlinkTemp(s.tmp);
+    }
+  }
+  await Promise.all([...new Set(writes.flatMap((p) => p.files.map((f) => dirname(f))))].map((dir) => fsyncDir(dir)));
+  if (writes.length > 0) crashPoint('apply-after-token-write');
+
+  const revokedDirs = new Set<string>();
+  for (const plan of plans) {
+    if (plan.kind === 'revoke') {
+      // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
+      let deleted = 0;
+      for (const file of await deps.tokenFilesFor(plan.slot, round)) {
+        revokedDirs.add(dirname(file));
+        if (await deleteFile(file)) deleted += 1;
+      }
+      await writeSlotFile(paths, { ...plan.current, slot: plan.slot, revoked: true }, { dirChecked: round.slotsChecked, noFsync: true });
+      stats.applied += 1;
+      log.warn({ slot: plan.slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
+    } else if (plan.kind === 'write') {
+      const { msg } = plan;
+      // Without an fsync each: slots/'s one fsync below makes them durable (see `applyInbox`).
+      await writeSlotFile(
+        paths,
+        { slot: plan.slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, generation: msg.credentialGeneration, appliedAt: new Date(now()).toISOString() },
+        { dirChecked: round.slotsChecked, noFsync: true },
+      );
+      stats.applied += 1;
+      log.info({ slot: plan.slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: plan.files.length }, 'token applied');
+    }
+  }
+  // The deletions and every slot file durable before the batch is removed (a deletion a
+  // power cut undid is redone when the batch is applied again).
+  await Promise.all([...revokedDirs].map((dir) => fsyncDir(dir).catch(() => undefined)));
+  if (plans.some((p) => p.kind !== 'skip')) await fsyncDir(paths.slots);
+}
+
+/** A batch read and checked: its inode (for the removal) and its valid entries, in order. */
+interface ReadBatch {
+  name: string;
+  ino: number;
+  entries: InboxFile[];
+  bytes: number;
+}
+
+/**
+ * One inbox batch (`inbox/batch-*.json`, the link's group commit), hostile input as a
+ * single file is: read bounded (no symlink, no FIFO, the size bound), the envelope parsed,
+ * then each entry checked on its own: a bad entry is rejected alone (logged, kept in
+ * rejected/), the rest returned to be applied exactly as a single file is. An unreadable
+ * or unparseable batch is moved aside whole (undefined).
+ */
+async function readBatch(deps: ApplyDeps, name: string, stats: ApplyStats): Promise<ReadBatch | undefined> {
+  const { paths, log } = deps;
+  const now = deps.now ?? Date.now;
+  const path = join(paths.inbox, name);
+  let ino: number;
+  let text: string;
+  try {
+    const file = await readBoundedRegularFile(path, MAX_BATCH_FILE_BYTES);
+    ino = file.stat.ino;
+    text = file.text;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return undefined;
+    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
+    const st = await lstat(path).catch(() => undefined);
+    if (st) await moveAside(deps, name, st.ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason }, 'inbox batch rejected; moved aside, not applied');
+    return undefined;
+  }
+  const parsed = parseJsonWith(inboxBatchSchema, text);
+  if (!parsed.ok) {
+    await moveAside(deps, name, ino, stampOf(now()));
+    stats.rejected += 1;
+    log.error({ file: name, reason: parsed.error }, 'inbox batch rejected; moved aside, not applied');
+    return undefined;
+  }
+  const entries: InboxFile[] = [];
+  for (const [index, entry] of parsed.value.entries.entries()) {
+    const checked = checkWith(inboxFileSchema, entry);
+    if (checked.ok) {
+      entries.push(checked.value);
+      continue;
+    }
+    await rejectEntry(deps, name, ino, index, entry);
+    stats.rejected += 1;
+    log.error({ file: name, entry: index, reason: checked.error }, 'inbox batch entry rejected; kept in rejected/, the rest of the batch applied');
+  }
+  return { name, ino, entries, bytes: text.length };
+}
+
+/** Batches applied together: as many as per-slot files are applied at once (INBOX_FILES_IN_FLIGHT), within a byte budget. */
+const BATCHES_AT_ONCE = 32;
+const BATCH_GROUP_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Several batches applied as one: their entries, in name order then entry order, split into
+ * waves (a slot's second entry goes in the next wave, so each wave's entries are independent
+ * and a slot's entries are judged by `isNewer` in the order they were written), each wave's
+ * fsyncs shared (`applyWave`). One batch at a time paid a wave's three fsync rounds for a
+ * handful of answers; per-slot files, 32 at once, had shared theirs across 32. The batches
+ * are removed once every wave is on disk; a crash before applies them again on the next
+ * pass (idempotent by `isNewer`). Returns false when a new desired state interrupted it
+ * (before a wave: nothing of it written; the batches stay).
+ */
+async function applyBatches(deps: ApplyDeps, names: readonly string[], stats: ApplyStats, round: Round): Promise<boolean> {
+  const read: ReadBatch[] = [];
+  for (const name of names) {
+    const batch = await readBatch(deps, name, stats);
+    if (batch) read.push(batch);
+  }
+  const waves: InboxFile[][] = [];
+  const seen = new Map<string, number>();
+  for (const entry of read.flatMap((b) => b.entries)) {
+    const n = seen.get(entry.slot) ?? 0;
+    seen.set(entry.slot, n + 1);
+    (waves[n] ??= []).push(entry);
+  }
+  for (const wave of waves) {
+    if (deps.interrupt?.()) {
+      stats.interrupted = true;
+      return false;
+    }
+    await applyWave(deps, wave, stats, round);
+  }
+  for (const b of read) await removeIfSame(join(deps.paths.inbox, b.name), b.ino);
+  return true;
+}
+
+/** The next group of batch names: up to BATCHES_AT_ONCE, and within BATCH_GROUP_BYTES by their size on disk. */
+function nextBatchGroup(inbox: string, names: readonly string[], from: number): string[] {
+  const group: string[] = [];
+  let bytes = 0;
+  for (let i = from; i < names.length && group.length < BATCHES_AT_ONCE; i++) {
+    const name = names[i] as string;
+    const size = lstatSync(join(inbox, name), { throwIfNoEntry: false })?.size ?? 0;
+    if (group.length > 0 && bytes + size > BATCH_GROUP_BYTES) break;
+    bytes += size;
+    group.push(name);
+  }
+  return group;
+}
+
 function stampOf(ms: number): string {
   return new Date(ms).toISOString().replace(/[:.]/g, '-');
 }
@@ -290,9 +580,12 @@ function stampOf(ms: number): string {
 export const INBOX_FILES_IN_FLIGHT = 32;
 
 /**
- * Applies every inbox file, oldest name first, up to INBOX_FILES_IN_FLIGHT at once, under
- * the hand-off lock so a `.path` trigger and a manual run never interleave. Each file is
- * independent: one bad file is moved aside and the rest still apply.
+ * Applies every inbox file under the hand-off lock, so a `.path` trigger and a manual run
+ * never interleave: per-slot files (a previous link's) oldest name first, up to
+ * INBOX_FILES_IN_FLIGHT at once, then the batches one after the other in name order
+ * (`applyBatches`, up to 32 together; the durability argument is `applyWave`'s). Each file is independent: one
+ * bad file is moved aside, one bad batch entry rejected alone, and the rest still apply.
+ * What follows is the per-slot file's durability; a batch's is the same per entry.
  *
  * Durability, per token: the token file is fsynced (file and directory) before the slot
  * file is written; the slot file is renamed into place without an fsync of its own, and
@@ -336,7 +629,12 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
       if (names.length === 0) break;
       const round = await newRound(deps);
       const running = new Set<Promise<void>>();
-      for (const name of names) {
+      // Per-slot files (a link before the batches left them at upgrade, or junk to move
+      // aside) first, 32 at once as before; then the batches, one after the other in name
+      // (write) order, never beside a per-slot file: each batch's entries are applied
+      // together, and two passes over one slot at once could land the older token last.
+      const batches = names.filter(isBatchFileName);
+      for (const name of names.filter((n) => !isBatchFileName(n))) {
         // Asked before each start: a new desired state waits for at most the files in flight.
         if (deps.interrupt?.()) {
           stats.interrupted = true;
@@ -354,6 +652,21 @@ export async function applyInbox(deps: ApplyDeps): Promise<ApplyStats> {
         running.add(one);
       }
       await Promise.all(running);
+      for (let at = 0; at < batches.length; ) {
+        if (deps.interrupt?.()) {
+          stats.interrupted = true;
+          break rounds;
+        }
+        const group = nextBatchGroup(deps.paths.inbox, batches, at);
+        at += group.length;
+        try {
+          if (!(await applyBatches(deps, group, stats, round))) break rounds;
+        } catch (err) {
+          for (const name of group) failed.add(name);
+          stats.failed = (stats.failed ?? 0) + group.length;
+          deps.log.error({ files: group.length, first: group[0], err: { message: (err as Error).message } }, 'could not apply inbox batches; left in place for the next run');
+        }
+      }
     }
   }, lock);
   return stats;

@@ -9,7 +9,9 @@ import { renewOkSchema, rfc3339Schema, slotIdSchema, tokenIdSchema } from './ren
 /**
  * The hand-off directory between `renew fetch` and `renew apply` (SPEC §4):
  *   slots/<slot>.json  written by apply (and bind): what is applied, no secret
- *   inbox/<slot>.json  written by fetch (0640): a 200 body, or a revocation notice
+ *   inbox/batch-<seq>-<rand>.json  written by fetch (0640): `{v:1, entries:[...]}`, each
+ *                      entry a 200 body or a revocation notice (one file per group commit)
+ *   inbox/<slot>.json  what a link before the batches wrote (one answer): apply still drains it
  *   rejected/          invalid inbox files moved aside by apply, never lost
  *   desired-state.json written by the link on an enrolled host: the Gateway's whole
  *                      desired state (data/desired-state.ts), for apply to reconcile
@@ -63,6 +65,42 @@ export const revokedNoticeSchema = z.strictObject({
 
 export const inboxFileSchema = z.union([renewOkSchema.strict(), revokedNoticeSchema]);
 export type InboxFile = z.infer<typeof inboxFileSchema>;
+
+/**
+ * The inbox batch (docs/design/scale-handoff.md, part 2): the answers of one group commit
+ * of the link, in one file. The envelope is checked whole; each entry is checked on its own
+ * by apply (`inboxFileSchema`), so one bad entry is rejected alone.
+ */
+export const INBOX_BATCH_VERSION = 1;
+/**
+ * Entries per batch: the link never has more than its renewal concurrency (32 by default,
+ * at most a few hundred) answers waiting, so this bound is never what splits a group.
+ */
+export const MAX_BATCH_ENTRIES = 512;
+/**
+ * A batch file's byte bound (apply refuses anything larger unread). An entry is a token
+ * (at most 16 KiB, usually well under 1 KiB) and its metadata: 512 typical entries are a
+ * few hundred KiB; the link splits a group that would pass `MAX_BATCH_WRITE_BYTES`.
+ */
+export const MAX_BATCH_FILE_BYTES = 4 * 1024 * 1024;
+/** What the link puts in one file at most: below apply's bound, one entry's bound of slack. */
+export const MAX_BATCH_WRITE_BYTES = MAX_BATCH_FILE_BYTES - 128 * 1024;
+
+export const inboxBatchSchema = z.strictObject({
+  v: z.literal(INBOX_BATCH_VERSION),
+  entries: z.array(z.unknown()).min(1).max(MAX_BATCH_ENTRIES),
+});
+
+/** `batch-<16 digits>-<12 hex>.json`: never a slot id (no colon), sorts by its sequence. */
+const BATCH_NAME = /^batch-\d{16}-[0-9a-f]{12}\.json$/;
+
+export function isBatchFileName(name: string): boolean {
+  return BATCH_NAME.test(name);
+}
+
+export function batchFileName(sequence: number, random: string): string {
+  return `batch-${String(sequence).padStart(16, '0')}-${random}.json`;
+}
 
 export function slotFileName(slot: string): string {
   return `${slot}.json`;

@@ -4,16 +4,18 @@ import {
   readFileSync,
   readdirSync,
   renameSync,
+  rmSync,
   statSync,
   symlinkSync,
   writeFileSync,
 } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import t from 'tap';
 import { stateLayout, type StateLayout } from '../../src/data/state-layout.js';
 import { applyInbox, isNewer, type ApplyDeps } from '../../src/apply/inbox.js';
 import { localConfigFiles } from '../../src/apply/local-config.js';
-import { emptySlotFile, handoffPaths, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
+import { batchFileName, emptySlotFile, handoffPaths, MAX_BATCH_FILE_BYTES, readSlotFile, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
 import { tokenTargets } from '../../src/apply/token-targets.js';
 import { readTokenFile } from '../../src/token/token-file.js';
 import type { RenewOk } from '../../src/data/renew-wire.js';
@@ -483,4 +485,211 @@ t.test('a failed file is counted, so a watching apply lists the inbox again', as
   putBody(e.p, body());
   t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 0, rejected: 0, failed: 1 });
   t.strictSame(inboxNames(e.p), [`${SLOT}.json`], 'left in place');
+});
+
+// ───────────────────────────── batches ─────────────────────────────
+
+let batchSeq = 1_893_499_200_000_000;
+/** Writes a batch file as the link does (temp, rename); names sort in the order written. */
+function putBatch(p: HandoffPaths, entries: unknown[], raw?: string): string {
+  batchSeq += 1;
+  return putInbox(p, batchFileName(batchSeq, Math.random().toString(16).slice(2, 14).padEnd(12, '0')), raw ?? `${JSON.stringify({ v: 1, entries })}\n`);
+}
+
+/** One token file per slot, under the state's mcp-forwarder/ (as the §2 default). */
+function perSlotEnv(overrides: Partial<ApplyDeps> = {}): Env & { tokenOf: (slot: string) => string } {
+  const e = env();
+  const tokenOf = (slot: string): string => join(e.root, 'state', 'mcp-forwarder', `${slot.slice(slot.indexOf(':') + 1)}.token`);
+  e.deps = {
+    ...e.deps,
+    tokenFilesFor: async (slot) => {
+      e.tokenCalls.push(slot);
+      return [tokenOf(slot)];
+    },
+    ...overrides,
+  };
+  return { ...e, tokenOf };
+}
+
+const S = (i: number): string => `instance:inst-b${i}`;
+
+t.test('a batch: every entry applied (token 0600 before its slot file), the batch removed', async (t) => {
+  const e = perSlotEnv();
+  const bodies = [1, 2, 3].map((i) => body({ slot: S(i), tokenId: `tok-b${i}`, token: `gw_batch-${i}-SECRET` }));
+  putBatch(e.p, bodies);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 3, ignored: 0, rejected: 0 });
+  for (const b of bodies) {
+    t.strictSame(readTokenFile(e.tokenOf(b.slot)), { ok: true, token: b.token }, `${b.slot}: token written`);
+    t.equal(modeOf(e.tokenOf(b.slot)), 0o600);
+    t.match(slotJson(e.p, b.slot), { slot: b.slot, tokenId: b.tokenId, generation: 1, appliedAt: new Date(NOW).toISOString() });
+  }
+  t.strictSame(inboxNames(e.p), [], 'the batch is gone, no temp left');
+  t.strictSame(readdirSync(dirname(e.tokenOf(S(1)))).filter((n) => n.startsWith('.')), [], 'no token temp left');
+  t.notMatch(e.lines.join('\n'), /SECRET/, 'no token in any log line');
+});
+
+t.test('a bad entry is rejected alone, kept in rejected/ as its own file; the rest applied', async (t) => {
+  const e = perSlotEnv();
+  const good = body({ slot: S(1), token: 'gw_good-SECRET' });
+  const bad = [
+    { slot: S(2), tokenId: 'tok-x', token: 'gw_bad-SECRET', expiresAt: 'not a time', credentialGeneration: 1 },
+    { ...body({ slot: S(3), token: 'gw_extra-SECRET' }), extra: 'field' },
+    'a string',
+  ];
+  const batch = putBatch(e.p, [bad[0], good, bad[1], bad[2]]);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 1, ignored: 0, rejected: 3 });
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: good.token }, 'the good entry applied');
+  t.notOk(existsSync(e.tokenOf(S(2))) || existsSync(e.tokenOf(S(3))), 'no bad entry written');
+  t.notOk(existsSync(batch), 'the batch is removed');
+  const rejected = readdirSync(e.p.rejected).sort();
+  t.equal(rejected.length, 3, 'one file per bad entry');
+  const kept = rejected.map((n) => JSON.parse(readFileSync(join(e.p.rejected, n), 'utf8')) as unknown);
+  t.same(new Set(kept.map((k) => JSON.stringify(k))), new Set(bad.map((b) => JSON.stringify(b))), 'each kept as it was');
+  for (const n of rejected) t.equal(modeOf(join(e.p.rejected, n)), 0o600, `${n} is apply's own, 0600`);
+  const errors = e.records.filter((r) => r.msg === 'inbox batch entry rejected; kept in rejected/, the rest of the batch applied');
+  t.strictSame(errors.map((r) => r.entry), [0, 2, 3], 'each logged with its index');
+  t.notMatch(e.lines.join('\n'), /SECRET|not a time|a string/, 'no content in the log');
+
+});
+
+t.test('an unusable batch is moved aside whole: unparseable, wrong envelope, oversized, symlink, FIFO', async (t) => {
+  const e = perSlotEnv();
+  const names = [
+    putBatch(e.p, [], '{"v":1,"entries":[{"slot":'),
+    putBatch(e.p, [], `${JSON.stringify({ v: 2, entries: [body({ slot: S(1) })] })}\n`),
+    putBatch(e.p, [], `${JSON.stringify({ v: 1, entries: [body({ slot: S(1) })], pad: 'x'.repeat(MAX_BATCH_FILE_BYTES) })}\n`),
+  ];
+  const target = join(e.root, 'elsewhere.json');
+  writeFileSync(target, `${JSON.stringify({ v: 1, entries: [body({ slot: S(1) })] })}\n`);
+  const link = join(e.p.inbox, batchFileName(batchSeq + 100, 'aaaaaaaaaaaa'));
+  symlinkSync(target, link);
+  const fifo = join(e.p.inbox, batchFileName(batchSeq + 101, 'bbbbbbbbbbbb'));
+  execFileSync('mkfifo', [fifo]);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 0, ignored: 0, rejected: 5 });
+  t.notOk(existsSync(e.tokenOf(S(1))), 'nothing applied');
+  t.strictSame(inboxNames(e.p), [], 'all moved out of the inbox');
+  t.equal(readdirSync(e.p.rejected).length, 5, 'all five in rejected/');
+  t.ok(existsSync(target), "the symlink's target untouched");
+  const reasons = e.records.filter((r) => r.msg === 'inbox batch rejected; moved aside, not applied').map((r) => String(r.reason));
+  t.match(reasons.join('|'), /symlink/);
+  t.match(reasons.join('|'), /not-regular/);
+  t.match(reasons.join('|'), /too-large/);
+  for (const n of names) t.notOk(existsSync(n));
+});
+
+t.test('a slot in two batches: applied in name order, isNewer decides', async (t) => {
+  const e = perSlotEnv();
+  const g2 = body({ slot: S(1), tokenId: 'tok-g2', token: 'gw_g2-SECRET', credentialGeneration: 2 });
+  const g3 = body({ slot: S(1), tokenId: 'tok-g3', token: 'gw_g3-SECRET', credentialGeneration: 3 });
+  const g1 = body({ slot: S(2), tokenId: 'tok-x1', token: 'gw_x1-SECRET', credentialGeneration: 1 });
+  const g0 = body({ slot: S(2), tokenId: 'tok-x0', token: 'gw_x0-SECRET', credentialGeneration: 1, expiresAt: '2030-01-01T12:30:00.000Z' });
+  putBatch(e.p, [g2, g1]);
+  putBatch(e.p, [g3, g0]);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 3, ignored: 1, rejected: 0 }, 'the later, older answer ignored');
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: g3.token }, 'the newer of the two batches wins');
+  t.strictSame(readTokenFile(e.tokenOf(S(2))), { ok: true, token: g1.token }, 'an older answer in a later batch does not');
+  t.strictSame(inboxNames(e.p), []);
+});
+
+t.test('a slot twice in one batch: judged in the order written', async (t) => {
+  const e = perSlotEnv();
+  const a = body({ slot: S(1), tokenId: 'tok-a', token: 'gw_a-SECRET', credentialGeneration: 1 });
+  const b = body({ slot: S(1), tokenId: 'tok-b', token: 'gw_b-SECRET', credentialGeneration: 2 });
+  const older = body({ slot: S(2), tokenId: 'tok-o', token: 'gw_o-SECRET', credentialGeneration: 1 });
+  const newer = body({ slot: S(2), tokenId: 'tok-n', token: 'gw_n-SECRET', credentialGeneration: 2 });
+  putBatch(e.p, [a, newer, b, older]);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 3, ignored: 1, rejected: 0 });
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: b.token });
+  t.strictSame(readTokenFile(e.tokenOf(S(2))), { ok: true, token: newer.token });
+});
+
+t.test('upgrade: per-slot files a previous link left and new batches in one inbox, all applied, newest wins', async (t) => {
+  const e = perSlotEnv();
+  // S(1): the per-slot file is newer; S(2): the batch is newer; S(3), S(4): one of each alone.
+  putBody(e.p, body({ slot: S(1), tokenId: 'tok-f1', token: 'gw_f1-SECRET', credentialGeneration: 5 }), S(1));
+  putBody(e.p, body({ slot: S(2), tokenId: 'tok-f2', token: 'gw_f2-SECRET', credentialGeneration: 1 }), S(2));
+  putBody(e.p, body({ slot: S(3), tokenId: 'tok-f3', token: 'gw_f3-SECRET' }), S(3));
+  putBatch(e.p, [
+    body({ slot: S(1), tokenId: 'tok-b1', token: 'gw_b1-SECRET', credentialGeneration: 4 }),
+    body({ slot: S(2), tokenId: 'tok-b2', token: 'gw_b2-SECRET', credentialGeneration: 2 }),
+    body({ slot: S(4), tokenId: 'tok-b4', token: 'gw_b4-SECRET' }),
+  ]);
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.applied + stats.ignored, 6, 'every answer looked at');
+  t.equal(stats.rejected, 0);
+  t.strictSame(
+    [1, 2, 3, 4].map((i) => readTokenFile(e.tokenOf(S(i)))),
+    ['gw_f1-SECRET', 'gw_b2-SECRET', 'gw_f3-SECRET', 'gw_b4-SECRET'].map((token) => ({ ok: true, token })),
+    'each slot holds its newest token, whichever file brought it',
+  );
+  t.strictSame([1, 2, 3, 4].map((i) => (slotJson(e.p, S(i)) as SlotFile).tokenId), ['tok-f1', 'tok-b2', 'tok-f3', 'tok-b4']);
+  t.strictSame(inboxNames(e.p), [], 'the inbox drained, both kinds');
+});
+
+t.test('a batch on a managed host: a slot not in force dropped; a revocation deletes the token file', async (t) => {
+  const e = perSlotEnv({ managed: true });
+  mkdirSync(e.p.slots, { recursive: true });
+  // S(1) in force with a token; S(2) in force, no token yet; S(3) not in force.
+  putBatch(e.p, [body({ slot: S(1), tokenId: 'tok-1', token: 'gw_one-SECRET' })]);
+  writeFileSync(join(e.p.slots, `${S(1)}.json`), `${JSON.stringify(emptySlotFile(S(1)))}\n`);
+  writeFileSync(join(e.p.slots, `${S(2)}.json`), `${JSON.stringify(emptySlotFile(S(2)))}\n`);
+  t.equal((await applyInbox(e.deps)).applied, 1);
+  t.ok(existsSync(e.tokenOf(S(1))));
+  putBatch(e.p, [
+    { slot: S(1), revoked: true, at: new Date(NOW).toISOString() },
+    body({ slot: S(2), tokenId: 'tok-2', token: 'gw_two-SECRET' }),
+    body({ slot: S(3), tokenId: 'tok-3', token: 'gw_three-SECRET' }),
+  ]);
+  const stats = await applyInbox(e.deps);
+  t.strictSame(stats, { applied: 2, ignored: 1, rejected: 0 });
+  t.notOk(existsSync(e.tokenOf(S(1))), 'the revoked slot has no token file');
+  t.match(slotJson(e.p, S(1)), { slot: S(1), revoked: true });
+  t.strictSame(readTokenFile(e.tokenOf(S(2))), { ok: true, token: 'gw_two-SECRET' });
+  t.notOk(existsSync(e.tokenOf(S(3))), 'the slot not in force got nothing');
+  t.notOk(existsSync(join(e.p.slots, `${S(3)}.json`)), 'nor a slot file');
+  t.strictSame(inboxNames(e.p), []);
+});
+
+t.test('a new desired state interrupts between waves; nothing of the waiting wave is written, the batches stay', async (t) => {
+  let asked = 0;
+  const e = perSlotEnv({ interrupt: () => ++asked > 2 });
+  // Applied together: wave 1 holds S(1)'s first answer and S(2); wave 2 S(1)'s second.
+  const first = putBatch(e.p, [body({ slot: S(1), tokenId: 'tok-1a', token: 'gw_first-SECRET' })]);
+  const second = putBatch(e.p, [body({ slot: S(1), tokenId: 'tok-1b', token: 'gw_newer-SECRET', credentialGeneration: 2 }), body({ slot: S(2), token: 'gw_second-SECRET' })]);
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.interrupted, true);
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: 'gw_first-SECRET' }, 'the first wave applied');
+  t.ok(existsSync(e.tokenOf(S(2))), 'S(2) with it');
+  t.ok(existsSync(first) && existsSync(second), 'both batches left in the inbox for the next pass');
+  const again = await applyInbox({ ...e.deps, interrupt: () => false });
+  t.strictSame(again, { applied: 1, ignored: 2, rejected: 0 }, 'the next pass: what was written is not newer, the rest applied');
+  t.strictSame(readTokenFile(e.tokenOf(S(1))), { ok: true, token: 'gw_newer-SECRET' });
+  t.strictSame(inboxNames(e.p), []);
+});
+
+t.test('a batch whose token write fails stays whole for the next pass; applying it again is idempotent', async (t) => {
+  const e = perSlotEnv();
+  const bodies = [1, 2].map((i) => body({ slot: S(i), tokenId: `tok-${i}`, token: `gw_${i}-SECRET` }));
+  // S(2)'s token file is a directory: refused (not a regular file), the batch fails.
+  mkdirSync(e.tokenOf(S(2)), { recursive: true });
+  const batch = putBatch(e.p, bodies);
+  const stats = await applyInbox(e.deps);
+  t.equal(stats.failed, 1, 'counted failed');
+  t.ok(existsSync(batch), 'the batch stays');
+  t.notOk(existsSync(e.tokenOf(S(1))), 'nothing of the wave renamed in (tokens staged together)');
+  t.strictSame(readdirSync(dirname(e.tokenOf(S(1)))).filter((n) => n.startsWith('.')), [], 'no temp left');
+  rmSync(e.tokenOf(S(2)), { recursive: true });
+  const again = await applyInbox(e.deps);
+  t.strictSame(again, { applied: 2, ignored: 0, rejected: 0 });
+  t.strictSame(inboxNames(e.p), []);
+  // The same batch again (a crash before its removal): every entry not newer, nothing rewritten.
+  const before = statSync(e.tokenOf(S(1))).ino;
+  putBatch(e.p, bodies);
+  t.strictSame(await applyInbox(e.deps), { applied: 0, ignored: 2, rejected: 0 });
+  t.equal(statSync(e.tokenOf(S(1))).ino, before, 'the token file untouched');
 });

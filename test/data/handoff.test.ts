@@ -2,9 +2,13 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import {
+  batchFileName,
   emptySlotFile,
   handoffPaths,
+  inboxBatchSchema,
   inboxFileSchema,
+  isBatchFileName,
+  MAX_BATCH_ENTRIES,
   readSlotFile,
   readSlots,
   slotFileName,
@@ -194,4 +198,24 @@ t.test('readSlotFile: the slot, or undefined when missing or invalid', async (t)
   t.strictSame(await readSlotFile(p, 'instance:a'), a);
   writeFileSync(join(p.slots, 'instance:b.json'), '{"slot":');
   t.equal(await readSlotFile(p, 'instance:b'), undefined, 'invalid JSON');
+});
+
+t.test('batch file names: never a slot file, sortable by sequence, strict', async (t) => {
+  const name = batchFileName(1_893_499_200_000_000, '0123456789ab');
+  t.equal(name, 'batch-1893499200000000-0123456789ab.json');
+  t.ok(isBatchFileName(name));
+  t.equal(slotOfFileName(name), undefined, 'not a slot id (no kind: prefix)');
+  t.ok(batchFileName(99, 'aaaaaaaaaaaa') < batchFileName(100, '000000000000'), 'zero-padded: sorts by sequence');
+  for (const bad of ['batch-1-0123456789ab.json', `${name}.tmp`, `.${name}`, 'batch-1893499200000000-0123456789AB.json', 'instance:x.json']) {
+    t.notOk(isBatchFileName(bad), `${bad} is not a batch name`);
+  }
+});
+
+t.test('inboxBatchSchema: the envelope only (entries checked one by one by apply), bounded', async (t) => {
+  t.ok(inboxBatchSchema.safeParse({ v: 1, entries: [OK_BODY, { junk: true }] }).success, 'a bad entry does not fail the envelope');
+  t.notOk(inboxBatchSchema.safeParse({ v: 2, entries: [OK_BODY] }).success, 'an unknown version');
+  t.notOk(inboxBatchSchema.safeParse({ v: 1, entries: [] }).success, 'no entries');
+  t.notOk(inboxBatchSchema.safeParse({ v: 1, entries: [OK_BODY], extra: 1 }).success, 'an unknown key');
+  t.notOk(inboxBatchSchema.safeParse({ v: 1, entries: Array.from({ length: MAX_BATCH_ENTRIES + 1 }, () => OK_BODY) }).success, 'past the entry bound');
+  t.notOk(inboxBatchSchema.safeParse(OK_BODY).success, 'a per-slot body is not a batch');
 });

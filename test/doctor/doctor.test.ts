@@ -482,6 +482,9 @@ test('an agent user in the hand-off group (fake group file, in-process) can read
   const inboxFile = join(fx.inbox, 'instance:inst-a.json');
   // fetch writes inbox files 0640 with the setgid group: a 200 body carrying a token.
   writeOwned(inboxFile, JSON.stringify({ slot: 'instance:inst-a', tokenId: 'tid-2', token: 'tok-doctor-inbox-P5s1', expiresAt: new Date(Date.now() + 6 * HOUR).toISOString(), credentialGeneration: 1 }), 0o640, ids.ac, ids.renew);
+  // The link now writes batches (inbox/batch-<sequence>-<random>.json), tokens inside too.
+  const batchFile = join(fx.inbox, 'batch-1893499200000000-0123456789ab.json');
+  writeOwned(batchFile, JSON.stringify({ v: 1, entries: [{ slot: 'instance:inst-a', tokenId: 'tid-3', token: 'tok-doctor-batch-Q7t2', expiresAt: new Date(Date.now() + 6 * HOUR).toISOString(), credentialGeneration: 1 }] }), 0o640, ids.ac, ids.renew);
   const files = tempDir('ac-doctor-accounts-');
   tt.teardown(() => rmSync(files, { recursive: true, force: true }));
   const group = readFileSync('/etc/group', 'utf8')
@@ -494,6 +497,7 @@ test('an agent user in the hand-off group (fake group file, in-process) can read
   const readable = findings.filter((f) => f.level === 'problem' && f.check === 'agent user').map((f) => f.detail);
   tt.ok(readable.some((d) => d.endsWith(`can read ${fx.inbox}`)), `the inbox directory is flagged (got ${JSON.stringify(readable)})`);
   tt.ok(readable.some((d) => d.endsWith(`can read ${inboxFile}`)), 'the inbox file is flagged');
+  tt.ok(readable.some((d) => d.endsWith(`can read ${batchFile}`)), 'a batch file is flagged the same (a secret, not junk)');
   tt.notOk(readable.some((d) => d.includes(fx.tokenFile)), 'the 0600 token file is not');
   // With the real group file nobody is not in the group: nothing readable.
   const real = await runDoctor({ ...common, groupPath: '/etc/group', agentUser: AGENT });

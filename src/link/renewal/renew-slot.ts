@@ -1,19 +1,22 @@
 import { randomUUID } from 'node:crypto';
-import { mkdir } from 'node:fs/promises';
-import { join } from 'node:path';
-import { atomicWrite } from '../../fs/atomic-write.js';
 import type { Logger } from '../../log/logger.js';
 import { crashPoint } from '../../service/test-hooks.js';
-import { slotFileName, type HandoffPaths, type SlotFile } from '../../data/handoff.js';
+import type { HandoffPaths, SlotFile } from '../../data/handoff.js';
 import { parseJsonWith } from '../../data/parse.js';
 import type { RenewalSlotState, RenewalState } from './renewal-state.js';
 import { renewConflictSchema, renewOkSchema, renewPath } from '../../data/renew-wire.js';
 import { SMALL_ANSWER_BYTES } from '../gateway-client.js';
 import type { HostCredential } from '../host-credential.js';
+import type { InboxBatcher } from './inbox-batcher.js';
 
 export interface RenewDeps {
   paths: HandoffPaths;
   state: RenewalState;
+  /**
+   * The hand-off to apply: one batcher per link, shared by every renewal, so answers
+   * arriving together share one durable file (inbox-batcher.ts).
+   */
+  inbox: InboxBatcher;
   /** Sends the renewal; a 401 to it halts the whole link. */
   credential: HostCredential;
   log: Logger;
@@ -40,23 +43,6 @@ export function expectationFor(slot: SlotFile, state: RenewalSlotState): string 
   if (state.adopted !== undefined) return state.adopted;
   if (state.delivered && state.delivered.generation >= slot.generation) return state.delivered.tokenId;
   return slot.tokenId;
-}
-
-/**
- * The hand-off to apply, fsynced (atomicWrite) before the record says delivered. The inbox
- * exists (the service checked it at start): made again only when a write finds it gone,
- * not with a mkdir before every renewal (a system call and a thread-pool hop each).
- */
-async function writeInbox(paths: HandoffPaths, slot: string, text: string, midWrite?: () => void): Promise<void> {
-  const path = join(paths.inbox, slotFileName(slot));
-  const options = { mode: 0o640, ...(midWrite && { midWrite }) };
-  try {
-    await atomicWrite(path, text, options);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    await mkdir(paths.inbox, { recursive: true });
-    await atomicWrite(path, text, options);
-  }
 }
 
 /**
@@ -106,9 +92,11 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       return { kind: 'retry', reason: 'invalid answer' };
     }
     const body = ok.value;
-    await writeInbox(deps.paths, slot.slot, `${JSON.stringify(body)}\n`, () => crashPoint('fetch-mid-inbox-write'));
+    // Resolved once the batch holding it is durable; a failed write throws here, nothing is
+    // recorded, and the renewal is retried with the same requestId.
+    await deps.inbox.deliver(body);
     crashPoint('fetch-after-inbox');
-    // The inbox file, fsynced above, is what must survive (renewal-state.ts's write()).
+    // The batch file, fsynced, is what must survive (renewal-state.ts's write()).
     await deps.state.write({
       slot: slot.slot,
       delivered: { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: body.credentialGeneration, receivedAt: new Date(now()).toISOString() },
@@ -125,7 +113,7 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
     return { kind: 'conflict', currentTokenId: conflict.value.currentTokenId };
   }
   if (status === 404) {
-    await writeInbox(deps.paths, slot.slot, `${JSON.stringify({ slot: slot.slot, revoked: true, at: new Date(now()).toISOString() })}\n`);
+    await deps.inbox.deliver({ slot: slot.slot, revoked: true, at: new Date(now()).toISOString() });
     const { pending: _settled, ...rest } = state;
     await deps.state.write(rest);
     return { kind: 'revoked' };

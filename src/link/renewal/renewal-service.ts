@@ -23,6 +23,8 @@ import {
 import { defaultBackoff, type BackoffOptions } from './schedule.js';
 import { RenewPool } from './renew-pool.js';
 import { DueQueue } from './due-queue.js';
+import { InboxBatcher } from './inbox-batcher.js';
+import { crashPoint } from '../../service/test-hooks.js';
 
 export interface RenewalConfig {
   handoffDir: string;
@@ -97,7 +99,9 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       }
       const restored = state.recover();
       if (restored.length > 0) log.warn({ slots: restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
-      const renewDeps: RenewDeps = { paths, state, credential, log, signal };
+      // One batcher for every renewal of this link: answers arriving together share a file.
+      const inbox = new InboxBatcher({ dir: paths.inbox, midWrite: () => crashPoint('fetch-mid-inbox-write') });
+      const renewDeps: RenewDeps = { paths, state, inbox, credential, log, signal };
       const slotStates = new Map<string, SlotPolicyState>();
       /** The slots whose policy state owes an attempt (`--once` waits for them). */
       const unsettledSlots = new Set<string>();

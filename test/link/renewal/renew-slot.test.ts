@@ -8,7 +8,8 @@ import { DEFAULT_TEST_CREDENTIAL, MockRenewGateway } from '../../support/mock-re
 import { expectationFor, renewSlot, type RenewDeps } from '../../../src/link/renewal/renew-slot.js';
 import { hostCredential } from '../../support/host-credential.js';
 import { RenewalState, renewalSlotStateSchema, type RenewalSlotState } from '../../../src/link/renewal/renewal-state.js';
-import { emptySlotFile, handoffPaths, inboxFileSchema, type HandoffPaths, type SlotFile } from '../../../src/data/handoff.js';
+import { emptySlotFile, handoffPaths, inboxBatchSchema, inboxFileSchema, isBatchFileName, type HandoffPaths, type SlotFile } from '../../../src/data/handoff.js';
+import { InboxBatcher } from '../../../src/link/renewal/inbox-batcher.js';
 import { renewOkSchema, type RenewOk } from '../../../src/data/renew-wire.js';
 import { memoryLogger } from '../../support/memory-log.js';
 import type { TapTest } from '../../support/tap.js';
@@ -35,7 +36,7 @@ async function env(t: TapTest, gatewayUrl: string): Promise<Env> {
   const p = handoffPaths(join(root, 'handoff'));
   const { log, lines } = memoryLogger();
   const credential = hostCredential(t, join(root, 'host-credential'), gatewayUrl, log);
-  return { root, p, state, stateDir, lines, deps: { paths: p, state, credential, log, now: () => NOW } };
+  return { root, p, state, stateDir, lines, deps: { paths: p, state, inbox: new InboxBatcher({ dir: p.inbox, now: () => NOW }), credential, log, now: () => NOW } };
 }
 
 async function gateway(t: TapTest, slots: string[] = [SLOT]): Promise<MockRenewGateway> {
@@ -51,8 +52,22 @@ function stateOnDisk(e: Env, slot = SLOT): RenewalSlotState | undefined {
   return renewalSlotStateSchema.parse(JSON.parse(readFileSync(path, 'utf8')));
 }
 
+/** The newest batch file holding an entry for `slot` (names sort in write order). */
 function inboxPath(e: Env, slot = SLOT): string {
-  return join(e.p.inbox, `${slot}.json`);
+  const names = inboxNames(e).filter(isBatchFileName).sort().reverse();
+  for (const name of names) if (entriesOf(e, name).some((x) => x.slot === slot)) return join(e.p.inbox, name);
+  throw new Error(`no batch holds ${slot}`);
+}
+
+function entriesOf(e: Env, name: string): Array<{ slot: string }> {
+  const batch = inboxBatchSchema.parse(JSON.parse(readFileSync(join(e.p.inbox, name), 'utf8')));
+  return batch.entries.map((x) => inboxFileSchema.parse(x));
+}
+
+/** The JSON text of the newest inbox entry for `slot`. */
+function inboxText(e: Env, slot = SLOT): string {
+  const entries = entriesOf(e, inboxPath(e, slot).slice(e.p.inbox.length + 1)).filter((x) => x.slot === slot);
+  return JSON.stringify(entries[entries.length - 1]);
 }
 
 function inboxNames(e: Env): string[] {
@@ -92,7 +107,7 @@ t.test('the pending requestId is on disk before the request reaches the Gateway'
   t.equal(second.kind, 'renewed');
   t.equal(gw.requests[1]?.requestId, rec.requestId, 'the retry reused the requestId');
   t.equal(gw.minted(SLOT), 1, 'still exactly one token minted');
-  const delivered = renewOkSchema.parse(JSON.parse(readFileSync(inboxPath(e), 'utf8')));
+  const delivered = renewOkSchema.parse(JSON.parse(inboxText(e)));
   t.ok(gw.authority.isValidToken(delivered.token), 'the delivered token is the one minted');
 });
 
@@ -103,7 +118,7 @@ t.test('200: inbox file 0640 with the body, pending cleared, delivered recorded'
   const gwState = gw.authority.slotState(SLOT);
   t.strictSame(out, { kind: 'renewed', tokenId: gwState?.tokenId, expiresAt: gwState?.expiresAt });
   t.equal(statSync(inboxPath(e)).mode & 0o777, 0o640, 'inbox file 0640');
-  const text = readFileSync(inboxPath(e), 'utf8');
+  const text = inboxText(e);
   const inbox = inboxFileSchema.parse(JSON.parse(text));
   t.ok(!('revoked' in inbox));
   const body = inbox as RenewOk;
@@ -112,7 +127,9 @@ t.test('200: inbox file 0640 with the body, pending cleared, delivered recorded'
     { slot: SLOT, tokenId: gwState?.tokenId, expiresAt: gwState?.expiresAt, credentialGeneration: 1 },
   );
   t.strictSame(gw.authority.isValidToken(body.token), { slot: SLOT, tokenId: body.tokenId, generation: 1 }, 'the real token');
-  t.strictSame(inboxNames(e), [`${SLOT}.json`], 'one file, the colon kept, no temp files left');
+  t.equal(inboxNames(e).length, 1, 'one file, no temp files left');
+  t.ok(isBatchFileName(inboxNames(e)[0] ?? ''), 'a batch file (batch-<sequence>-<random>.json)');
+  t.equal(entriesOf(e, inboxNames(e)[0] ?? '').length, 1, 'holding the one answer');
   const s = stateOnDisk(e);
   t.equal(s?.pending, undefined, 'pending cleared');
   t.strictSame(s?.delivered, { tokenId: body.tokenId, expiresAt: body.expiresAt, generation: 1, receivedAt: new Date(NOW).toISOString() });
@@ -125,7 +142,7 @@ t.test('200: inbox file 0640 with the body, pending cleared, delivered recorded'
   t.not(gw.requests[1]?.requestId, gw.requests[0]?.requestId, 'a new renewal, a new requestId');
   t.equal(gw.requests[1]?.expectedTokenId, body.tokenId, 'CAS on the delivered token');
   t.equal(gw.minted(SLOT), 2);
-  const body2 = renewOkSchema.parse(JSON.parse(readFileSync(inboxPath(e), 'utf8')));
+  const body2 = renewOkSchema.parse(JSON.parse(inboxText(e)));
   t.equal(body2.credentialGeneration, 2, 'the inbox file now holds the newer answer');
 });
 
@@ -204,7 +221,7 @@ t.test('404: a revocation notice in the inbox, pending cleared', async (t) => {
   const e = await env(t, gw.url);
   gw.revokeSlot(SLOT);
   t.strictSame(await renewSlot(e.deps, emptySlotFile(SLOT), CRED), { kind: 'revoked' });
-  const text = readFileSync(inboxPath(e), 'utf8');
+  const text = inboxText(e);
   t.strictSame(inboxFileSchema.parse(JSON.parse(text)), { slot: SLOT, revoked: true, at: new Date(NOW).toISOString() });
   t.equal(statSync(inboxPath(e)).mode & 0o777, 0o640);
   t.equal(stateOnDisk(e)?.pending, undefined, 'pending cleared');
@@ -214,7 +231,7 @@ t.test('404: a revocation notice in the inbox, pending cleared', async (t) => {
   const e2 = await env(t, gw2.url);
   gw2.inject({ kind: 'status404' });
   t.strictSame(await renewSlot(e2.deps, emptySlotFile('cli:notion'), CRED), { kind: 'revoked' });
-  t.match(JSON.parse(readFileSync(inboxPath(e2, 'cli:notion'), 'utf8')) as unknown, { slot: 'cli:notion', revoked: true });
+  t.match(JSON.parse(inboxText(e2, 'cli:notion')) as unknown, { slot: 'cli:notion', revoked: true });
 });
 
 t.test('429: retry with retryAfterMs, same requestId next time', async (t) => {
