@@ -59,6 +59,19 @@ interface DirIdentity {
  */
 const DIR_SETTLE_MS = 2_000;
 
+/**
+ * inotify's queue holds `fs.inotify.max_queued_events` events (16 384 by default): a file
+ * written by rename is about four, so a reader busy while ~4 000 slot files are written
+ * (apply's reconcile of a 10 000-binding state writes 11 000 in a second or two) loses the
+ * rest, and node says nothing (no unnamed event; measured: 4 096 names of 11 000). A burst
+ * that large shows itself by its size: after this many names since the last rescan, a
+ * rescan (the identity kind: a listing and an lstat per file) runs at most every
+ * BURST_RESCAN_MS, so a slot whose event was lost is found within seconds, not at the
+ * next periodic check (a 10 000-slot burst once waited 60 s for 727 of them).
+ */
+const BURST_NAMES = 1_000;
+const BURST_RESCAN_MS = 5_000;
+
 /** lstat calls between two turns of the event loop in a rescan (10 000 in one go block it ~50-100 ms). */
 const LSTAT_BATCH = 500;
 
@@ -101,6 +114,8 @@ export class SlotCache {
   /** The directory as it was just before the last rescan listed it; undefined: look again. */
   private dirSeen: DirIdentity | undefined;
   private readonly healEveryMs: number;
+  /** Names re-read since the last rescan (BURST_NAMES). */
+  private namesSinceRescan = 0;
   /** Rescans so far, and files read by them (what the periodic check costs; tests and bench). */
   readonly stats = { rescans: 0, rescanReads: 0 };
 
@@ -148,13 +163,14 @@ export class SlotCache {
         updated.set(slot, outcome);
       }
     };
-    const rescan = this.full ? 'every file' : now - this.lastCheck >= this.fullEveryMs ? await this.rescanDue(now) : undefined;
+    const rescan = this.full ? 'every file' : this.burstRescanIn(now) === 0 ? 'changed files' : now - this.lastCheck >= this.fullEveryMs ? await this.rescanDue(now) : undefined;
     if (rescan !== undefined) {
       const force = rescan === 'every file';
       this.full = false;
       this.lastCheck = now;
       this.lastRescan = now;
       this.stats.rescans += 1;
+      this.namesSinceRescan = 0;
       this.pending.clear();
       // Before the listing: a change made while the rescan runs moves the mtime past this.
       this.dirSeen = await this.dirIdentity();
@@ -203,8 +219,26 @@ export class SlotCache {
     }
     const names = [...this.pending];
     this.pending.clear();
+    this.namesSinceRescan += names.length;
     for (const name of names) apply(name, await this.load(name));
     return { full: false, updated: [...updated.values()], removed: [...removed] };
+  }
+
+  /**
+   * How long until `changes()` next has a rescan to run, for a caller that sleeps between
+   * calls: 0 when one is due; otherwise the time to the burst rescan owed (BURST_NAMES), or
+   * to the periodic check.
+   */
+  nextCheckIn(now = Date.now()): number {
+    if (this.full) return 0;
+    const burst = this.burstRescanIn(now);
+    return Math.max(0, Math.min(burst ?? Infinity, this.lastCheck + this.fullEveryMs - now));
+  }
+
+  /** undefined when no burst rescan is owed; else ms until it may run (0: now). */
+  private burstRescanIn(now: number): number | undefined {
+    if (this.namesSinceRescan + this.pending.size < BURST_NAMES) return undefined;
+    return Math.max(0, this.lastRescan + BURST_RESCAN_MS - now);
   }
 
   /**

@@ -192,3 +192,23 @@ t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only t
   await cache.changes(120_000 + healEveryMs + 60_001);
   t.equal(cache.stats.rescanReads - reads, 3, 'every slot file read again');
 });
+
+t.test('SlotCache: after a burst of names it rescans within seconds, finding files whose events were lost', async (t) => {
+  const { paths, write } = setup();
+  const cache = new SlotCache(paths, 60_000);
+  await cache.current(1_000);
+  // 1 300 files written, 999 of them reported: the kernel's queue dropped the rest.
+  for (let i = 0; i < 1_300; i++) write(`instance:s${i}`);
+  for (let i = 0; i < 999; i++) cache.changed(slotFileName(`instance:s${i}`));
+  t.equal((await cache.current(2_000)).slots.length, 999, 'only the reported files are read');
+  t.equal(cache.nextCheckIn(2_000), 59_000, 'below the burst size: the next check is the periodic one');
+  const rescans = cache.stats.rescans;
+  t.equal((await cache.current(6_000)).slots.length, 999, 'and nothing is rescanned before it');
+  t.equal(cache.stats.rescans, rescans);
+
+  cache.changed(slotFileName('instance:s999'));
+  t.equal(cache.nextCheckIn(6_000), 0, 'the 1 000th name makes a rescan owed: due now, 5 s after the last one');
+  t.equal((await cache.current(6_000)).slots.length, 1_300, 'the rescan finds every file no event reported');
+  t.equal(cache.stats.rescans, rescans + 1);
+  t.equal(cache.nextCheckIn(6_000), 60_000, 'and the count starts again: the next check is the periodic one, from this rescan');
+});

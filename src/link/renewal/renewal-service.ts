@@ -325,7 +325,9 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
           status('halted: host credential rejected (401)', true);
           return config.maxSleepMs;
         }
-        const next = Math.min(now + config.maxSleepMs, queue.peekDue() ?? Infinity);
+        // The cache's next check bounds the sleep: after a burst of slot files it owes a
+        // rescan within seconds (events the kernel dropped), not at maxSleepMs.
+        const next = Math.min(now + config.maxSleepMs, queue.peekDue() ?? Infinity, now + slotCache.nextCheckIn(now));
         status(`${slots.size} slot(s); next renewal in ${Math.max(0, Math.round((next - Date.now()) / 1000))} s`);
         return Math.max(0, next - Date.now());
       };
