@@ -156,6 +156,28 @@ function ownerOnce(round: Round, dir: string): Promise<{ uid: number; gid: numbe
   return owner;
 }
 
+/**
+ * An inbox entry's text and inode, or undefined: gone (nothing to do), or refused unread
+ * (a symlink, a FIFO, past the bound, unreadable), then moved aside and counted. No symlink
+ * is followed, no FIFO waited on, nothing read past the bound: the link is not trusted.
+ */
+async function readInboxEntry(deps: ApplyDeps, name: string, maxBytes: number, stats: ApplyStats, what: 'inbox file' | 'inbox batch'): Promise<{ ino: number; text: string } | undefined> {
+  const path = join(deps.paths.inbox, name);
+  try {
+    const file = await readBoundedRegularFile(path, maxBytes);
+    return { ino: file.stat.ino, text: file.text };
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return undefined;
+    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
+    const st = await lstat(path).catch(() => undefined);
+    if (st) await moveAside(deps, name, st.ino, stampOf((deps.now ?? Date.now)()));
+    stats.rejected += 1;
+    deps.log.error({ file: name, reason }, `${what} rejected; moved aside, not applied`);
+    return undefined;
+  }
+}
+
 /** One inbox file: validate → compare → token file(s) → slot file → remove. */
 async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks: PathLocks, round: Round): Promise<void> {
   const { paths, log } = deps;
@@ -164,23 +186,9 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
   const slot = slotOfFileName(name);
   if (name.startsWith('.')) return; // a writer's temp file, not ours to touch
 
-  let ino: number;
-  let text: string;
-  try {
-    // No symlink followed, no FIFO waited on, nothing read past the bound (the link is not trusted).
-    const file = await readBoundedRegularFile(path, MAX_INBOX_FILE_BYTES);
-    ino = file.stat.ino;
-    text = file.text;
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') return;
-    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
-    const st = await lstat(path).catch(() => undefined);
-    if (st) await moveAside(deps, name, st.ino, stampOf(now()));
-    stats.rejected += 1;
-    log.error({ file: name, reason }, 'inbox file rejected; moved aside, not applied');
-    return;
-  }
+  const read = await readInboxEntry(deps, name, MAX_INBOX_FILE_BYTES, stats, 'inbox file');
+  if (!read) return;
+  const { ino, text } = read;
 
   const parsed = parseJsonWith(inboxFileSchema, text);
   const reason = !slot ? 'file name is not <slot>.json' : !parsed.ok ? parsed.error : parsed.value.slot !== slot ? 'slot does not match the file name' : undefined;
@@ -475,25 +483,11 @@ interface ReadBatch {
  * or unparseable batch is moved aside whole (undefined).
  */
 async function readBatch(deps: ApplyDeps, name: string, stats: ApplyStats): Promise<ReadBatch | undefined> {
-  const { paths, log } = deps;
+  const { log } = deps;
   const now = deps.now ?? Date.now;
-  const path = join(paths.inbox, name);
-  let ino: number;
-  let text: string;
-  try {
-    const file = await readBoundedRegularFile(path, MAX_BATCH_FILE_BYTES);
-    ino = file.stat.ino;
-    text = file.text;
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') return undefined;
-    const reason = err instanceof UnsafeFileError ? err.reason : `unreadable (${code ?? 'error'})`;
-    const st = await lstat(path).catch(() => undefined);
-    if (st) await moveAside(deps, name, st.ino, stampOf(now()));
-    stats.rejected += 1;
-    log.error({ file: name, reason }, 'inbox batch rejected; moved aside, not applied');
-    return undefined;
-  }
+  const read = await readInboxEntry(deps, name, MAX_BATCH_FILE_BYTES, stats, 'inbox batch');
+  if (!read) return undefined;
+  const { ino, text } = read;
   const parsed = parseJsonWith(inboxBatchSchema, text);
   if (!parsed.ok) {
     await moveAside(deps, name, ino, stampOf(now()));
