@@ -218,7 +218,9 @@ t.test('every event arrives exactly once across an outage, a 5xx storm and SIGKI
   t.ok(spoolFiles(rig.spool).length >= 1, 'the held batch is still spooled (not accepted yet)');
   link = startLink(t, rig);
   await allStored(gw, held, 'held events stored');
-  await until(() => spoolFiles(rig.spool).length === 0, 'the restarted link resent and deleted them');
+  // The held batch is stored already, so this waits for a whole restart of the link (a
+  // process start, then its first upload): 10 s was too short on a loaded 2-core VM.
+  await until(() => spoolFiles(rig.spool).length === 0, 'the restarted link resent and deleted them', 60_000);
   t.ok(gw.control.stats().auditRepeats >= 1, 'the restarted link resent what the Gateway had stored (and the Gateway stored it once)');
 
   // The cli-proxy killed half-way through writing an event.
