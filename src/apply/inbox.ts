@@ -199,31 +199,19 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
     return;
   }
   const msg = parsed.value;
-  const inForce = await slotInForce(paths, slot);
-  const current = inForce ?? emptySlotFile(slot);
-
-  if ('revoked' in msg) {
+  const plan = await planEntry(deps, msg, stats, round, 'inbox file');
+  if (plan.kind === 'skip') {
+    await removeIfSame(path, ino);
+    return;
+  }
+  if (plan.kind === 'revoke') {
     // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
     let deleted = 0;
     for (const file of await deps.tokenFilesFor(slot, round)) if (await deleteFile(file)) deleted += 1;
-    await writeSlotFile(paths, { ...current, slot, revoked: true }, { dirChecked: round.slotsChecked });
+    await writeSlotFile(paths, { ...plan.current, slot, revoked: true }, { dirChecked: round.slotsChecked });
     await removeIfSame(path, ino);
     stats.applied += 1;
     log.warn({ slot, deletedTokenFiles: deleted }, 'slot marked revoked (the Gateway no longer knows it); its token file deleted');
-    return;
-  }
-  if (deps.managed && !inForce) {
-    // On an enrolled host the desired state decides the slots: a token for a slot it
-    // retired (fetch's answer racing the retirement) is dropped, never written.
-    await removeIfSame(path, ino);
-    stats.ignored += 1;
-    log.info({ slot }, 'inbox file for a slot that is not in force; dropped');
-    return;
-  }
-  if (!isNewer(msg, current)) {
-    await removeIfSame(path, ino);
-    stats.ignored += 1;
-    log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox file is not newer than the applied token; ignored');
     return;
   }
   // A new desired state came while this file waited its turn: nothing written yet, so it
@@ -233,7 +221,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
     stats.interrupted = true;
     return;
   }
-  const files = await deps.tokenFilesFor(slot, round);
+  const { files, msg: answer } = plan;
   await locks.with(files, async () => {
     for (const file of files) {
       const dir = dirname(file);
@@ -243,7 +231,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
       }
       await sweepOnce(dir);
       // fsynced, file and directory: the token is on disk before the slot file says so.
-      await atomicWrite(file, `${msg.token}\n`, {
+      await atomicWrite(file, `${answer.token}\n`, {
         mode: 0o600,
         owner: await ownerOnce(round, dir),
         midWrite: () => crashPoint('apply-mid-token-write'),
@@ -256,9 +244,9 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
       paths,
       {
         slot,
-        tokenId: msg.tokenId,
-        expiresAt: msg.expiresAt,
-        generation: msg.credentialGeneration,
+        tokenId: answer.tokenId,
+        expiresAt: answer.expiresAt,
+        generation: answer.credentialGeneration,
         appliedAt: new Date(now()).toISOString(),
       },
       { dirChecked: round.slotsChecked, noFsync: true },
@@ -267,7 +255,7 @@ async function applyOne(deps: ApplyDeps, name: string, stats: ApplyStats, locks:
   await fsyncDir(paths.slots);
   await removeIfSame(path, ino);
   stats.applied += 1;
-  log.info({ slot, tokenId: msg.tokenId, expiresAt: msg.expiresAt, files: files.length }, 'token applied');
+  log.info({ slot, tokenId: answer.tokenId, expiresAt: answer.expiresAt, files: files.length }, 'token applied');
 }
 
 /**
@@ -363,25 +351,32 @@ function closeStaged(s: StagedFile): void {
   s.fd = -1;
 }
 
-/** What one valid batch entry comes to, decided before anything of its batch is written. */
+/** What one valid answer comes to. */
 type EntryPlan =
   | { kind: 'revoke'; slot: string; current: SlotFile }
   | { kind: 'write'; slot: string; msg: RenewOk; files: string[] }
   | { kind: 'skip' };
 
-async function planEntry(deps: ApplyDeps, msg: InboxFile, stats: ApplyStats, round: Round): Promise<EntryPlan> {
+/**
+ * What one valid answer comes to (a per-slot file's or a batch entry's: the same rules),
+ * decided before anything is written; a skip is counted and logged here. `what` names it
+ * in the log line.
+ */
+async function planEntry(deps: ApplyDeps, msg: InboxFile, stats: ApplyStats, round: Round, what: 'inbox file' | 'inbox entry' = 'inbox entry'): Promise<EntryPlan> {
   const { slot } = msg;
   const inForce = await slotInForce(deps.paths, slot);
   const current = inForce ?? emptySlotFile(slot);
   if ('revoked' in msg) return { kind: 'revoke', slot, current };
   if (deps.managed && !inForce) {
+    // On an enrolled host the desired state decides the slots: a token for a slot it
+    // retired (fetch's answer racing the retirement) is dropped, never written.
     stats.ignored += 1;
-    deps.log.info({ slot }, 'inbox entry for a slot that is not in force; dropped');
+    deps.log.info({ slot }, `${what} for a slot that is not in force; dropped`);
     return { kind: 'skip' };
   }
   if (!isNewer(msg, current)) {
     stats.ignored += 1;
-    deps.log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, 'inbox entry is not newer than the applied token; ignored');
+    deps.log.info({ slot, tokenId: msg.tokenId, appliedTokenId: current.tokenId }, `${what} is not newer than the applied token; ignored`);
     return { kind: 'skip' };
   }
   return { kind: 'write', slot, msg, files: await deps.tokenFilesFor(slot, round) };
