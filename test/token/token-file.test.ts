@@ -1,13 +1,73 @@
-import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { execFileSync, type ChildProcess } from 'node:child_process';
+import { chmodSync, copyFileSync, mkdirSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { closeTokenFiles, heldTokenFiles, MAX_HELD_TOKEN_FILES, MAX_TOKEN_BYTES, parseToken, readTokenFile, sweepUnlinked } from '../../src/token/token-file.js';
+import { existingUser, killGroup, spawnAsAgent } from '../support/agent-user.js';
+import type { TapTest } from '../support/tap.js';
 import { tempDir } from '../support/temp-dir.js';
 
 const KIB16 = 16 * 1024;
 
 const dir = (): string => tempDir('ac-token-', t);
+
+/** Root reads any file whatever its mode: the mode checks then run as `nobody`. */
+const asRoot = process.getuid?.() === 0;
+
+/**
+ * readTokenFile in a long-lived process of an unprivileged UID, one read per request, so a
+ * test can change a file between two reads of the same process (its held descriptors).
+ * The module is copied next to nothing else: it imports only node:fs, and the checkout
+ * may sit where `nobody` cannot enter.
+ */
+class UnprivilegedReader {
+  private readonly answers: string[] = [];
+  private waiting: ((line: string) => void) | undefined;
+
+  private constructor(private readonly child: ChildProcess) {
+    const out = child.stdout;
+    if (!out) throw new Error('the reader has no stdout');
+    createInterface({ input: out }).on('line', (line) => {
+      const w = this.waiting;
+      this.waiting = undefined;
+      if (w) w(line);
+      else this.answers.push(line);
+    });
+  }
+
+  static async start(t: TapTest, file: string): Promise<UnprivilegedReader> {
+    chmodSync(dirname(file), 0o755);
+    const lib = tempDir('ac-token-lib-', t);
+    chmodSync(lib, 0o755);
+    const mod = join(lib, 'token-file.mjs');
+    copyFileSync(fileURLToPath(new URL('../../src/token/token-file.js', import.meta.url)), mod);
+    const script = [
+      'const { readTokenFile } = await import(process.argv[1]);',
+      "const rl = (await import('node:readline')).createInterface({ input: process.stdin });",
+      "rl.on('line', () => process.stdout.write(JSON.stringify(readTokenFile(process.argv[2])) + '\\n'));",
+    ].join('\n');
+    const child = spawnAsAgent(existingUser('nobody'), 'exec "$@"', {
+      env: { PATH: '/usr/bin:/bin' },
+      args: [process.execPath, '--input-type=module', '-e', script, mod, file],
+    });
+    t.teardown(() => killGroup(child));
+    return new UnprivilegedReader(child);
+  }
+
+  /** One readTokenFile in the child; its result as the child printed it. */
+  read(): Promise<unknown> {
+    const answer = new Promise<string>((resolve, reject) => {
+      const queued = this.answers.shift();
+      if (queued !== undefined) return resolve(queued);
+      this.waiting = resolve;
+      this.child.once('close', (code) => reject(new Error(`the reader exited (${code}) before answering: ${this.child.stderr?.read() ?? ''}`)));
+    });
+    this.child.stdin?.write('read\n');
+    return answer.then((line) => JSON.parse(line) as unknown);
+  }
+}
 
 function parse(s: string | Buffer): ReturnType<typeof parseToken> {
   return parseToken(typeof s === 'string' ? Buffer.from(s, 'latin1') : s);
@@ -109,11 +169,15 @@ t.test('readTokenFile against real files', async (t) => {
     if (!r.ok) t.ok(r.reason === 'missing' || r.reason === 'unreadable', `reason ${r.reason}`);
   });
 
-  const asRoot = process.getuid?.() === 0;
-  t.test('mode 000 file is unreadable', { skip: asRoot ? 'running as root: root can read a mode-000 file' : false }, async (t) => {
+  t.test('mode 000 file is unreadable', async (t) => {
     writeFileSync(p('locked.token'), 'secret\n');
     chmodSync(p('locked.token'), 0o000);
-    t.same(readTokenFile(p('locked.token')), { ok: false, reason: 'unreadable' });
+    if (!asRoot) {
+      t.same(readTokenFile(p('locked.token')), { ok: false, reason: 'unreadable' });
+      return;
+    }
+    const reader = await UnprivilegedReader.start(t, p('locked.token'));
+    t.same(await reader.read(), { ok: false, reason: 'unreadable' }, 'read by an unprivileged UID');
   });
 
   t.test('empty file → empty; newline only → empty', async (t) => {
@@ -235,13 +299,20 @@ t.test('a held token file: every change is seen as a fresh open would see it', a
     t.same(readTokenFile(join(g, 'under')), { ok: false, reason: 'missing' });
   });
 
-  const asRoot = process.getuid?.() === 0;
-  t.test('made mode 000 after a read: unreadable, as a fresh open finds it', { skip: asRoot ? 'running as root: root can read a mode-000 file' : false }, async (t) => {
+  t.test('made mode 000 after a read: unreadable, as a fresh open finds it', async (t) => {
     const f = p('revoked.token');
     writeFileSync(f, 'secret\n');
-    t.same(readTokenFile(f), { ok: true, token: 'secret' });
+    if (!asRoot) {
+      t.same(readTokenFile(f), { ok: true, token: 'secret' });
+      chmodSync(f, 0o000);
+      t.same(readTokenFile(f), { ok: false, reason: 'unreadable' });
+      return;
+    }
+    // The same process must read twice: the first read leaves the descriptor held.
+    const reader = await UnprivilegedReader.start(t, f);
+    t.same(await reader.read(), { ok: true, token: 'secret' });
     chmodSync(f, 0o000);
-    t.same(readTokenFile(f), { ok: false, reason: 'unreadable' });
+    t.same(await reader.read(), { ok: false, reason: 'unreadable' }, 'the held descriptor does not outlive the mode change');
   });
 
   t.test('a deleted file never read again is not held: the sweep closes it', async (t) => {
