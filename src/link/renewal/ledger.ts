@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { z } from 'zod';
 import { atomicWrite, fsyncDir, tempPathFor } from '../../fs/atomic-write.js';
-import { crashPoint } from '../../service/test-hooks.js';
+import { crashPoint, hookEnabled } from '../../service/test-hooks.js';
 
 /**
  * The link's renewal records as one append-only log instead of a file per slot (session 12).
@@ -43,6 +43,8 @@ export const COMPACT_FACTOR = 4;
 export const SYNCS_IN_FLIGHT = 4;
 
 const fdatasyncFd = promisify(fdatasync);
+/** Test hook (crash tests only): each group is written in two halves with the crash point between them. */
+const CRASH_MID_APPEND = hookEnabled('crash:link-ledger-mid-append');
 
 interface Waiter {
   resolve: () => void;
@@ -290,7 +292,7 @@ export class Ledger<T extends Keyed> {
     try {
       // The crash test's mid-append: every group after the first (the first holds the
       // pending requestIds; the test needs some sent before the crash) is cut in half.
-      if (++this.#groups > 1 && bytes.length > 1) {
+      if (CRASH_MID_APPEND && ++this.#groups > 1 && bytes.length > 1) {
         const half = Math.floor(bytes.length / 2);
         writeAll(fd, bytes.subarray(0, half));
         crashPoint('link-ledger-mid-append');
