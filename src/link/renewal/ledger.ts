@@ -166,7 +166,9 @@ export class Ledger<T extends Keyed> {
     const snapshot = names.includes(SNAPSHOT_NAME);
     if (snapshot) {
       let header = true;
-      const snap = readLines(join(this.dir, SNAPSHOT_NAME), (line) => {
+      // Unreadable (not a regular file, say): its records are lost, as an unreadable record
+      // file's were (worst case one extra renewal each); the logs are still read.
+      const snap = tryReadLines(join(this.dir, SNAPSHOT_NAME), (line) => {
         if (header) {
           header = false;
           const h = parseHeader(line);
@@ -385,15 +387,20 @@ export class Ledger<T extends Keyed> {
     const text = this.#snapshotText(next);
     this.#createLog(next);
     this.#compactAfter = 0;
-    crashPoint('link-ledger-mid-compaction');
-    await atomicWrite(join(this.dir, SNAPSHOT_NAME), text, { mode: 0o600 });
-    crashPoint('link-ledger-after-snapshot');
-    for (const name of readdirSync(this.dir)) {
-      const m = LOG_NAME.exec(name);
-      if (m && Number(m[1]) < next) unlinkQuietly(join(this.dir, name));
+    try {
+      crashPoint('link-ledger-mid-compaction');
+      await atomicWrite(join(this.dir, SNAPSHOT_NAME), text, { mode: 0o600 });
+      crashPoint('link-ledger-after-snapshot');
+      for (const name of readdirSync(this.dir)) {
+        const m = LOG_NAME.exec(name);
+        if (m && Number(m[1]) < next) unlinkQuietly(join(this.dir, name));
+      }
+    } finally {
+      // Failed or not, nothing is appended to the old log again (a failed snapshot leaves it
+      // on disk, where recovery reads it before the new one).
+      if (this.#fdUsers.has(oldFd)) this.#retiredFds.add(oldFd);
+      else closeQuietly(oldFd);
     }
-    if (this.#fdUsers.has(oldFd)) this.#retiredFds.add(oldFd);
-    else closeQuietly(oldFd);
   }
 
   #snapshotText(next: number): string {
@@ -452,6 +459,14 @@ export function readLines(path: string, onLine: (line: string) => void): { skipp
     return { skipped, torn: whole < offset, whole };
   } finally {
     closeSync(fd);
+  }
+}
+
+function tryReadLines(path: string, onLine: (line: string) => void): { skipped: number } {
+  try {
+    return readLines(path, onLine);
+  } catch {
+    return { skipped: 1 };
   }
 }
 

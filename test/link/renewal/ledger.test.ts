@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { appendFileSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync, readdirSync, readFileSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { Ledger, MAX_LINE_BYTES, SNAPSHOT_NAME, logName } from '../../../src/link/renewal/ledger.js';
@@ -190,4 +190,26 @@ t.test('opening a ledger in a missing directory fails; so does every write to it
   const dir = join(tempDir('ac-ledger-', t), 'gone');
   const state = new RenewalState(dir);
   await t.rejects(state.write(pendingOf('instance:a')), { code: 'ENOENT' });
+});
+
+t.test('a compaction that cannot write its snapshot: appends go on in the new log, nothing is lost across a restart', async (t) => {
+  const dir = tempDir('ac-ledger-', t);
+  // The snapshot's name taken by a directory: atomicWrite refuses to replace it.
+  mkdirSync(join(dir, SNAPSHOT_NAME));
+  const errors: unknown[] = [];
+  const l = new Ledger(dir, renewalSlotStateSchema, forgottenSchema, { compactFloorBytes: 0, compactFactor: 1, onCompactError: (err) => errors.push(err) });
+  l.open();
+  const a = pendingOf('instance:a');
+  await l.set(a, true);
+  await l.set(deliveredOf('instance:a'), false);
+  await l.settled();
+  t.equal(errors.length, 1, 'the failure was reported');
+  t.same(files(dir), [logName(1), logName(2), SNAPSHOT_NAME], 'the old log stays beside the new one');
+  const b = pendingOf('instance:b');
+  await l.set(b, true);
+  rmdirSync(join(dir, SNAPSHOT_NAME));
+  const again = ledger(dir);
+  again.open();
+  t.same(again.get('instance:a'), deliveredOf('instance:a'));
+  t.same(again.get('instance:b'), b, 'a pending written after the failure is in the new log');
 });
