@@ -15,6 +15,7 @@ import {
   crashes,
   figures,
   makeRig,
+  readLedger,
   type InboxOk,
   type RenewRig,
 } from './helpers/renew-harness.js';
@@ -611,9 +612,12 @@ t.test('no credential or token in slot files or in fetch private state', async (
 checkNoLeaks(t);
 
 t.test('figures', async (t) => {
-  const handedOver = new Set(
-    allRigs.flatMap((r) => logsOf(r.procs, RENEWED).map((l) => String(l.tokenId))),
-  );
+  // Handed over: logged so, or recorded delivered in the link's ledger (a crash after the
+  // record's line and before the log line, the ledger's crash tests, leaves only the record).
+  const handedOver = new Set([
+    ...allRigs.flatMap((r) => logsOf(r.procs, RENEWED).map((l) => String(l.tokenId))),
+    ...allRigs.flatMap((r) => [...readLedger(r.privateStateDir()).values()].flatMap((p) => (p.delivered ? [p.delivered.tokenId] : []))),
+  ]);
   const f = figures(handedOver);
   // Every committed requestId minted exactly once.
   const committedIds = allGateways.flatMap((g) => g.requests.filter((r) => r.committed).map((r) => ({ g, id: r.requestId ?? '' })));
