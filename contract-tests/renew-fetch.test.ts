@@ -1,4 +1,6 @@
-import { readFileSync, statSync } from 'node:fs';
+import { randomUUID } from 'node:crypto';
+import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import t from 'tap';
 import { checkNoLeaks, knownSecrets, leakedSecrets, type CliProc, type LogLine } from '../test/support/cli-proc.js';
@@ -13,6 +15,7 @@ import {
   crashes,
   figures,
   makeRig,
+  readLedger,
   type InboxOk,
   type RenewRig,
 } from './helpers/renew-harness.js';
@@ -210,6 +213,84 @@ t.test('SIGKILL at each step, then a restart: no second token, state converges',
     t.equal(reqs[1]?.outcome, 200, 'the restart got the stored answer');
     await assertConverged(t, rig, slot, first.requestId ?? '');
   });
+});
+
+t.test('SIGKILL mid-append to the ledger and mid-compaction: every requestId sent is reused, one token per renewal', async (t) => {
+  // `ledger-compact-early` compacts the ledger as soon as it holds more than its live
+  // records (after the first slot's second line), so a run of three slots meets one.
+  const cases = [
+    { hook: 'link-ledger-mid-append', hooks: ['crash:link-ledger-mid-append'] },
+    { hook: 'link-ledger-mid-compaction', hooks: ['crash:link-ledger-mid-compaction', 'ledger-compact-early'] },
+    { hook: 'link-ledger-after-snapshot', hooks: ['crash:link-ledger-after-snapshot', 'ledger-compact-early'] },
+  ] as const;
+  for (const c of cases) {
+    await t.test(c.hook, async (t) => {
+      const rig = await makeRig(t);
+      const slots = ['a', 'b', 'c'].map((x) => `instance:ledger-${x}`);
+      for (const slot of slots) rig.addSlot(slot);
+      const proc = rig.startFetch(['--once'], { AGENT_CONNECTORS_TEST_HOOKS: c.hooks.join(',') });
+      const exit = await within(proc.exited, 15_000, `fetch with crash:${c.hook} to die`);
+      t.equal(exit.signal, 'SIGKILL', 'the link died at the crash point');
+      crashes.count += 1;
+      rig.harvest();
+      const dir = rig.privateStateDir();
+      const files = readdirSync(dir).filter((n) => !n.startsWith('.')).sort();
+      if (c.hook === 'link-ledger-mid-append') {
+        const log = files.find((n) => /^ledger-\d+\.log$/.test(n)) ?? '';
+        const text = readFileSync(`${dir}/${log}`, 'utf8');
+        t.ok(text.length > 0 && !text.endsWith('\n'), 'the log ends in a torn line: the crash was mid-append');
+      }
+      if (c.hook === 'link-ledger-mid-compaction') t.same(files, ['ledger-1.log', 'ledger-2.log'], 'the next log begun, its snapshot not yet in place');
+      if (c.hook === 'link-ledger-after-snapshot') t.same(files, ['ledger-1.log', 'ledger-2.log', 'ledger.snapshot'], 'the snapshot in place, the old log not yet removed');
+      const sentBefore = new Map(slots.map((s) => [s, new Set(requestIds(rig.gw.requestsFor(s)))]));
+      t.ok([...sentBefore.values()].some((ids) => ids.size > 0), 'some renewals were sent before the crash');
+
+      const restart = rig.startFetch(['--once', '--backoff-cap-ms', '200'], c.hooks.length > 1 ? { AGENT_CONNECTORS_TEST_HOOKS: 'ledger-compact-early' } : {});
+      const again = await within(restart.exited, 15_000, 'the restarted fetch --once');
+      rig.harvest();
+      t.equal(again.code, 0, 'the restarted fetch --once settles and exits 0');
+      for (const slot of slots) {
+        const sent = rig.gw.requestsFor(slot);
+        const before = [...(sentBefore.get(slot) ?? [])];
+        t.equal(rig.gw.minted(slot), 1, `${slot}: exactly one token minted`);
+        t.equal(new Set(requestIds(sent)).size, 1, `${slot}: one requestId across both processes`);
+        if (before.length > 0) t.equal(sent.at(-1)?.requestId, before[0], `${slot}: the requestId sent before the crash was reused`);
+        t.equal(sent.at(-1)?.outcome, 200, `${slot}: settled with a 200`);
+        t.notOk(rig.readPrivate(slot)?.pending, `${slot}: nothing pending in the ledger`);
+        t.equal(rig.readPrivate(slot)?.delivered?.tokenId, rig.gw.authority.slotState(slot)?.tokenId, `${slot}: the ledger remembers the token handed over`);
+      }
+      t.same(
+        readdirSync(dir).filter((n) => !n.startsWith('.') && !/^ledger(-\d+\.log|\.snapshot)$/.test(n)),
+        [],
+        'nothing but the ledger in the record directory',
+      );
+    });
+  }
+});
+
+t.test("upgrade: a previous link's per-slot record and journal batch are folded into the ledger; its pending requestId is sent", async (t) => {
+  const rig = await makeRig(t);
+  const [fromRecord, fromJournal] = ['instance:old-record', 'instance:old-journal'];
+  rig.addSlot(fromRecord);
+  rig.addSlot(fromJournal);
+  const dir = rig.privateStateDir();
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const since = new Date().toISOString();
+  const idRecord = randomUUID();
+  const idJournal = randomUUID();
+  // What session 11's link left: the record with its pending requestId, and one whose
+  // pending only the fsynced journal held (the record lost it to a power cut).
+  writeFileSync(join(dir, `${fromRecord}.json`), `${JSON.stringify({ slot: fromRecord, pending: { requestId: idRecord, expectedTokenId: null, since } })}\n`, { mode: 0o600 });
+  writeFileSync(join(dir, `${fromJournal}.json`), `${JSON.stringify({ slot: fromJournal })}\n`, { mode: 0o600 });
+  writeFileSync(join(dir, 'pending-4.journal'), `${JSON.stringify({ slot: fromJournal, requestId: idJournal, expectedTokenId: null, since })}\n`, { mode: 0o600 });
+
+  const { proc, exit } = await rig.fetchOnce(['--backoff-cap-ms', '200']);
+  t.equal(exit.code, 0, 'fetch --once exits 0');
+  t.ok(proc.logs.some((l) => l.msg === 'per-slot renewal records folded into the ledger and removed' && l.files === 3), 'the upgrade was logged');
+  t.same(requestIds(rig.gw.requestsFor(fromRecord)), [idRecord], "the record's pending requestId was sent, no other");
+  t.same(requestIds(rig.gw.requestsFor(fromJournal)), [idJournal], "the journal's pending requestId was sent, no other");
+  t.same(readdirSync(dir).filter((n) => !n.startsWith('.')).sort(), ['ledger-1.log', 'ledger.snapshot'], 'the old files are gone; the ledger holds their state');
+  t.equal(rig.readPrivate(fromRecord)?.delivered?.tokenId, rig.gw.authority.slotState(fromRecord)?.tokenId, 'the ledger remembers the token handed over');
 });
 
 t.test('409: a stale expectation is replaced by the adopted tokenId and a new requestId', async (t) => {
@@ -531,9 +612,12 @@ t.test('no credential or token in slot files or in fetch private state', async (
 checkNoLeaks(t);
 
 t.test('figures', async (t) => {
-  const handedOver = new Set(
-    allRigs.flatMap((r) => logsOf(r.procs, RENEWED).map((l) => String(l.tokenId))),
-  );
+  // Handed over: logged so, or recorded delivered in the link's ledger (a crash after the
+  // record's line and before the log line, the ledger's crash tests, leaves only the record).
+  const handedOver = new Set([
+    ...allRigs.flatMap((r) => logsOf(r.procs, RENEWED).map((l) => String(l.tokenId))),
+    ...allRigs.flatMap((r) => [...readLedger(r.privateStateDir()).values()].flatMap((p) => (p.delivered ? [p.delivered.tokenId] : []))),
+  ]);
   const f = figures(handedOver);
   // Every committed requestId minted exactly once.
   const committedIds = allGateways.flatMap((g) => g.requests.filter((r) => r.committed).map((r) => ({ g, id: r.requestId ?? '' })));

@@ -180,16 +180,20 @@ export class RenewRig {
     return JSON.parse(readFileSync(join(this.handoff, 'slots', `${slot}.json`), 'utf8')) as SlotFileJson;
   }
 
-  privateStatePath(slot: string): string {
-    return join(this.fetchState, 'link', 'slots', `${slot}.json`);
+  /** The link's record directory: its renewal ledger (`ledger.snapshot`, `ledger-<n>.log`). */
+  privateStateDir(): string {
+    return join(this.fetchState, 'link', 'slots');
   }
 
+  /**
+   * The slot's record as the link's ledger holds it on disk, read here on its own terms
+   * (not with the link's reader): the snapshot's records, then each log from the one its
+   * header names, in order; a line naming `forgotten` removes the record; a line that is not
+   * whole JSON (a torn last line) is ignored.
+   */
   readPrivate(slot: string): PrivateState | undefined {
-    const p = this.privateStatePath(slot);
-    if (!existsSync(p)) return undefined;
-    return JSON.parse(readFileSync(p, 'utf8')) as PrivateState;
+    return readLedger(this.privateStateDir()).get(slot);
   }
-
   /** The §2 default token file apply writes for `instance:<id>` (no registry here). */
   tokenFile(slot: string): string {
     const id = slot.slice(slot.indexOf(':') + 1);
@@ -290,4 +294,31 @@ export function figures(renewedTokenIds: ReadonlySet<string>): {
     tokensHandedToApply,
     duplicates: Math.max(0, tokensMinted - tokensHandedToApply),
   };
+}
+
+/** The records a renewal ledger directory holds (see `RenewRig.readPrivate`). */
+export function readLedger(dir: string): Map<string, PrivateState> {
+  const records = new Map<string, PrivateState>();
+  const names = safeReaddir(dir);
+  let from = 0;
+  const apply = (line: string): void => {
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch {
+      return;
+    }
+    if (typeof value !== 'object' || value === null || typeof (value as { slot?: unknown }).slot !== 'string') return;
+    const record = value as PrivateState & { forgotten?: true };
+    if (record.forgotten === true) records.delete(record.slot);
+    else records.set(record.slot, record);
+  };
+  if (names.includes('ledger.snapshot')) {
+    const [header, ...lines] = (safeRead(join(dir, 'ledger.snapshot')) ?? '').split('\n');
+    from = (JSON.parse(header ?? '{}') as { log?: number }).log ?? 0;
+    for (const line of lines) apply(line);
+  }
+  const logs = names.flatMap((n) => /^ledger-(\d+)\.log$/.exec(n)?.[1] ?? []).map(Number).filter((n) => n >= from).sort((a, b) => a - b);
+  for (const n of logs) for (const line of (safeRead(join(dir, `ledger-${n}.log`)) ?? '').split('\n')) apply(line);
+  return records;
 }

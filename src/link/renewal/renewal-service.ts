@@ -89,7 +89,9 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
     name: 'link-renewal',
     async run({ signal, log, notifier, onReload }) {
       const paths = handoffPaths(config.handoffDir);
-      const state = new RenewalState(join(config.privateDir, 'slots'));
+      const state = new RenewalState(join(config.privateDir, 'slots'), {
+        onCompactError: (err) => log.warn({ error: err instanceof Error ? err.message : String(err) }, "the renewal ledger's compaction failed; appending to its log meanwhile"),
+      });
       await checkWritableDir(paths.inbox, 'the hand-off inbox', { probe: false });
       await checkWritableDir(state.dir, "the link's private state", { mode: 0o700 });
       // A fetch killed mid-write leaves its temp file (part of an answer, maybe part of a
@@ -97,8 +99,11 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       for (const dir of [paths.inbox, state.dir]) {
         for (const file of await sweepStaleTemps(dir)) log.info({ file }, 'removed a temp file left by an interrupted write');
       }
-      const restored = state.recover();
-      if (restored.length > 0) log.warn({ slots: restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
+      const recovered = state.recover();
+      if (recovered.upgradedFiles > 0) log.info({ files: recovered.upgradedFiles, records: recovered.records }, 'per-slot renewal records folded into the ledger and removed');
+      if (recovered.restored.length > 0) log.warn({ slots: recovered.restored.length }, 'pending requestIds a lost record had forgotten restored from the journal; their retries reuse them');
+      if (recovered.skipped > 0) log.warn({ lines: recovered.skipped }, 'unreadable renewal ledger lines skipped; those slots may renew once more');
+      if (recovered.torn) log.info("the renewal ledger's torn last line (an interrupted append) was cut off");
       // One batcher for every renewal of this link: answers arriving together share a file.
       const inbox = new InboxBatcher({ dir: paths.inbox, midWrite: () => crashPoint('fetch-mid-inbox-write') });
       const renewDeps: RenewDeps = { paths, state, inbox, credential, log, signal };

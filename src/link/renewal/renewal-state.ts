@@ -1,157 +1,133 @@
-import { existsSync } from 'node:fs';
-import { mkdir, readdir, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
-import { z } from 'zod';
-import { atomicWriteSync } from '../../fs/atomic-write.js';
-import { readBoundedRegularFileSync } from '../../fs/bounded-read.js';
-import { parseJsonWith } from '../../data/parse.js';
-import { rfc3339Schema, slotIdSchema, tokenIdSchema } from '../../data/renew-wire.js';
-import { PendingJournal, pendingRenewalSchema } from './pending-journal.js';
+import { readdirSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { hookEnabled } from '../../service/test-hooks.js';
+import { Ledger } from './ledger.js';
+import { isLegacyName, readLegacyRecords, removeLegacyFiles } from './legacy-records.js';
+import { forgottenSchema, renewalSlotStateSchema, type RenewalSlotState } from './record-schema.js';
 
-/** A record is a few hundred bytes; anything past this is not one (read as a fresh slot). */
-const MAX_RECORD_BYTES = 16 * 1024;
+export { pendingRenewalSchema, renewalSlotStateSchema, type RenewalSlotState } from './record-schema.js';
+
+/** What the start found in the record directory, for the log. */
+export interface RenewalStateRecovery {
+  /** Records read from the ledger (or folded into it). */
+  records: number;
+  /** Ledger lines skipped as unreadable: those slots keep their earlier state (worst case one extra renewal). */
+  skipped: number;
+  /** A torn last line (a crash mid-append) was cut off. */
+  torn: boolean;
+  /** Per-slot record files and journal batches of a link before the ledger, folded in and removed. */
+  upgradedFiles: number;
+  /** Of those, slots whose pending requestId only the old journal still held (put back). */
+  restored: string[];
+}
 
 /**
- * fetch's private memory (in its own StateDirectory, unreadable to anyone else), one file
- * per slot so each update is one atomic rename, plus the journal that makes each pending
- * requestId durable (write()):
- * - `pending`: the renewal in progress. Written BEFORE the request is sent, so a crash or
- *   a lost answer is retried with the same requestId and the Gateway answers with the
- *   token it already minted instead of minting a second one.
- * - `delivered`: the last token handed to apply (no secret: id and times only), so fetch
- *   does not renew again while apply has not caught up.
- * - `adopted`: the Gateway's current tokenId learned from a 409, the next expectation.
+ * The link's private memory of each slot (record-schema.ts), kept in one append-only ledger
+ * in its StateDirectory (ledger.ts): `<dir>/ledger-<n>.log` and `<dir>/ledger.snapshot`,
+ * 0600. Until session 11 it was a file per slot plus journal batches; a link that finds
+ * those folds them in at start (durably), then removes them.
  */
-export const renewalSlotStateSchema = z.strictObject({
-  slot: slotIdSchema,
-  pending: pendingRenewalSchema.optional(),
-  delivered: z
-    .strictObject({ tokenId: tokenIdSchema, expiresAt: rfc3339Schema, generation: z.number().int().min(0), receivedAt: rfc3339Schema })
-    .optional(),
-  adopted: tokenIdSchema.nullable().optional(),
-});
-
-export type RenewalSlotState = z.infer<typeof renewalSlotStateSchema>;
-
 export class RenewalState {
-  /**
-   * fetch is the only writer of these files and one process runs: what it wrote or read
-   * once is kept, so a scan of 10 000 slots reads none of them again.
-   */
-  private readonly cache = new Map<string, RenewalSlotState>();
-  /** Where each pending requestId is made durable, many at a time (pending-journal.ts). */
-  private readonly journal: PendingJournal;
+  readonly #ledger: Ledger<RenewalSlotState>;
 
-  constructor(readonly dir: string) {
-    this.journal = new PendingJournal(dir);
-  }
-
-  private path(slot: string): string {
-    return join(this.dir, `${slot}.json`);
+  constructor(
+    readonly dir: string,
+    options: { onCompactError?: (err: unknown) => void } = {},
+  ) {
+    // Test hook: compaction after almost every group, so a crash test meets one at once.
+    const small = hookEnabled('ledger-compact-early');
+    this.#ledger = new Ledger(dir, renewalSlotStateSchema, forgottenSchema, {
+      ...(options.onCompactError && { onCompactError: options.onCompactError }),
+      ...(small && { compactFloorBytes: 0, compactFactor: 1 }),
+    });
   }
 
   async init(): Promise<void> {
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
   }
 
-  /** A missing or unreadable record starts afresh: worst case one extra renewal, never a wrong token. */
+  /**
+   * Reads the ledger (and folds in what a link before it left). Called at start; every
+   * other method opens it on first use too.
+   */
+  recover(): RenewalStateRecovery {
+    if (this.#ledger.opened) return { records: this.#ledger.slots().length, skipped: 0, torn: false, upgradedFiles: 0, restored: [] };
+    const legacyNames = readdirSync(this.dir).filter(isLegacyName);
+    const legacy = legacyNames.length > 0 ? readLegacyRecords(this.dir) : undefined;
+    const opened = this.#ledger.open(legacy?.records);
+    // Removed only once their content is durable in the ledger (open's snapshot is fsynced).
+    // Found beside a ledger, they are what an upgrade interrupted before removing them left:
+    // the ledger already holds them, and may hold newer state, so they are not read again.
+    if (legacy) removeLegacyFiles(this.dir, legacy.files);
+    return {
+      records: this.#ledger.slots().length,
+      skipped: opened.skipped,
+      torn: opened.torn,
+      upgradedFiles: opened.started ? legacyNames.length : 0,
+      restored: opened.started ? (legacy?.restored ?? []) : [],
+    };
+  }
+
+  #open(): Ledger<RenewalSlotState> {
+    if (!this.#ledger.opened) this.recover();
+    return this.#ledger;
+  }
+
+  /** A slot without a record starts afresh: worst case one extra renewal, never a wrong token. */
   async read(slot: string): Promise<RenewalSlotState> {
     return this.readSync(slot);
   }
 
   /** `read` without the await: a scan of 10 000 slots is then one pass, not 10 000 hops. */
   readSync(slot: string): RenewalSlotState {
-    return this.readNow(slot) ?? this.remember({ slot });
-  }
-
-  private readNow(slot: string): RenewalSlotState | undefined {
-    const cached = this.cache.get(slot);
-    if (cached) return cached;
-    let text: string;
-    try {
-      // A few hundred bytes (SYNC_READ_MAX_BYTES): read in synchronous calls.
-      text = readBoundedRegularFileSync(this.path(slot), MAX_RECORD_BYTES).text;
-    } catch {
-      return undefined;
-    }
-    const parsed = parseJsonWith(renewalSlotStateSchema, text);
-    return this.remember(parsed.ok && parsed.value.slot === slot ? parsed.value : { slot });
-  }
-
-  private remember(state: RenewalSlotState): RenewalSlotState {
-    this.cache.set(state.slot, state);
-    return state;
-  }
-
-  /**
-   * At start: a pending requestId the journal holds but the slot's record lost (a power cut
-   * within the writeback delay) is put back, so the retry reuses it. A record that shows the
-   * renewal settled since (delivered after it, a 409 adopted) or a slot forgotten (no
-   * record) keeps what it says. Returns the slots whose pending was put back.
-   */
-  recover(): string[] {
-    const restored: string[] = [];
-    this.journal.recover((entry) => {
-      const record = this.readNow(entry.slot);
-      if (!record || !existsSync(this.path(entry.slot))) return false;
-      if (record.pending?.requestId === entry.requestId) return true;
-      const settledSince =
-        (record.pending !== undefined && record.pending.since >= entry.since) ||
-        record.adopted !== undefined ||
-        (record.delivered !== undefined && record.delivered.receivedAt >= entry.since);
-      if (settledSince) return false;
-      const { slot, ...pending } = entry;
-      this.writeRecord({ ...record, pending });
-      restored.push(slot);
-      return true;
-    });
-    return restored;
+    return this.#open().get(slot) ?? { slot };
   }
 
   /** The slot was retired: its record goes with it. */
   async forget(slot: string): Promise<void> {
-    this.cache.delete(slot);
-    this.journal.settle(slot);
-    await unlink(this.path(slot)).catch(() => undefined);
+    await this.#open().delete(slot);
   }
 
-  /** The slots with a record on disk. */
+  /** The slots with a record. */
   async recorded(): Promise<string[]> {
-    const names = await readdir(this.dir).catch(() => [] as string[]);
-    return names.flatMap((n) => (n.endsWith('.json') && !n.startsWith('.') && slotIdSchema.safeParse(n.slice(0, -5)).success ? [n.slice(0, -5)] : []));
+    return this.#open().slots();
   }
 
   /**
-   * Each record is written whole or absent (temp + rename) but without an fsync: what must
-   * survive a power cut is a pending requestId, and that is made durable in the journal
-   * (one fsync for every renewal that started meanwhile) before this returns. Whatever
-   * else a power cut loses is harmless: a lost delivered record leaves the pending
+   * What must survive a power cut is a pending requestId, before its request is sent: a
+   * new one resolves only once its line is fdatasynced (one sync for every renewal that
+   * started meanwhile). Every other change resolves once its line is written (whole to a
+   * restarted process, not across a power cut) and rides in the same groups. Whatever a
+   * power cut loses of those is harmless: a lost delivered record leaves the pending
    * requestId, whose retry is answered with the token already minted (apply ignores a
-   * replay); a lost 409 or 404 settlement is asked again and answered the same.
+   * replay); a lost 409 or 404 settlement is asked again and answered the same; a lost
+   * `forgotten` line brings back a retired slot's record, which the start prunes again (its
+   * slot file is gone).
    */
   async write(state: RenewalSlotState): Promise<void> {
-    const before = this.cache.get(state.slot);
-    this.writeRecord(state);
-    if (!state.pending) this.journal.settle(state.slot);
-    else if (before?.pending?.requestId !== state.pending.requestId) {
-      try {
-        await this.journal.commit({ slot: state.slot, ...state.pending });
-      } catch (err) {
+    const ledger = this.#open();
+    const before = ledger.get(state.slot);
+    const durable = state.pending !== undefined && before?.pending?.requestId !== state.pending.requestId;
+    try {
+      await ledger.set(state, durable);
+    } catch (err) {
+      if (durable) {
         // Not durable: this requestId must never be sent (the next attempt starts another),
-        // so the record goes back to what it was, in memory at least.
-        const previous = before ?? { slot: state.slot };
-        try {
-          this.writeRecord(previous);
-        } catch {
-          this.cache.set(state.slot, previous);
-        }
-        throw err;
+        // so the record goes back to what it was (a line saying so follows, if it can).
+        const revert = before ? ledger.set(before, false) : ledger.delete(state.slot);
+        revert.catch(() => undefined);
       }
+      throw err;
     }
   }
 
-  private writeRecord(state: RenewalSlotState): void {
-    atomicWriteSync(this.path(state.slot), `${JSON.stringify(state)}\n`, { mode: 0o600 });
-    this.cache.set(state.slot, state);
+  /** Resolves when no compaction is running (tests). */
+  settled(): Promise<void> {
+    return this.#ledger.settled();
+  }
+
+  /** The records on disk, read without opening the ledger for writing (status, tests). */
+  static readRecords(dir: string): Map<string, RenewalSlotState> {
+    return Ledger.read(dir, renewalSlotStateSchema, forgottenSchema);
   }
 }
