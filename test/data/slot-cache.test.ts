@@ -147,13 +147,13 @@ t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only t
   settle();
   const first = await cache.changes(0);
   t.equal(first.updated.length, 3, 'the first call reads every file');
-  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 });
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3, manifestReads: 0 });
 
   // An edit in place moves no entry: the directory looks unchanged and nothing is read.
   writeFileSync(join(paths.slots, slotFileName('instance:b')), JSON.stringify({ ...emptySlotFile('instance:b'), tokenId: 'tok_inplace', expiresAt: '2030-01-01T00:00:00.000Z' }));
   const quiet = await cache.changes(60_000);
   t.strictSame(quiet, { full: false, updated: [], removed: [] }, 'a periodic check of an unchanged directory says nothing changed');
-  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 }, 'and reads nothing');
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3, manifestReads: 0 }, 'and reads nothing');
 
   // A file renamed in and one removed move the directory's mtime: the next check rescans,
   // reading the new file alone (the others' identity is as read).
@@ -165,7 +165,7 @@ t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only t
   t.equal(rescan.full, true, 'the directory changed: a rescan');
   t.strictSame(rescan.updated.map((e) => e.slot).sort(), ['instance:b', 'instance:c', 'instance:d'], 'a rescan says every slot there is');
   t.strictSame(rescan.removed, ['instance:a'], 'and which went');
-  t.strictSame(cache.stats, { rescans: 2, rescanReads: 5 }, 'one more rescan, reading the new file and the one edited in place (its size differs)');
+  t.strictSame(cache.stats, { rescans: 2, rescanReads: 5, manifestReads: 0 }, 'one more rescan, reading the new file and the one edited in place (its size differs)');
   const b = rescan.updated.find((e) => e.slot === 'instance:b');
   t.equal(b && !('error' in b) ? b.tokenId : undefined, 'tok_inplace', 'the edit in place is read at the rescan');
 
