@@ -29,7 +29,7 @@ const APPLY_POINTS = [
   'reconcile-after-slot-retire',
 ];
 
-// Seven kills and restarts, each two CLI start-ups and a renewal: ~45 s idle.
+// Eight kills and restarts, each two CLI start-ups and a renewal: ~50 s idle.
 t.setTimeout(300_000);
 
 const w: HostWorld = await hostWorld(t, { tokenLifetimeMs: 120_000 });
