@@ -10,6 +10,7 @@ import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
 import { send } from './helpers/http-raw.js';
+import { hasSlot, manifestSlots } from './helpers/slots.js';
 import { holdStream } from './helpers/held-stream.js';
 
 /**
@@ -90,8 +91,9 @@ async function applyFirst(t: TapTest, w: World, apply: CliProc): Promise<{ tokA:
   const cliMark = w.cli.logs.length;
   w.writeState(desired(w, 1, { [B1]: 'inst-a' }, ['rec']));
   await apply.waitForLog(appliedLine(1));
-  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'slot created for the new instance');
-  t.ok(existsSync(join(w.handoff, 'slots', 'cli:rec.json')), 'slot created for the new provider');
+  // One manifest names the new slots; no per-slot file until a slot holds a token.
+  t.same(manifestSlots(w.handoff), ['cli:rec', 'instance:inst-a'], 'the manifest names the new instance\'s and provider\'s slots');
+  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'no per-slot file for a slot without a token');
   t.equal(statSync(join(w.state, 'mcp-forwarder', 'instances.json')).mode & 0o777, 0o600, 'instances.json 0600');
   t.equal(statSync(join(w.state, 'cli-proxy', 'providers.json')).mode & 0o777, 0o600, 'providers.json 0600');
   t.ok(existsSync(join(w.shimDir, 'rec-cli')), 'shim rendered into --shim-dir');
@@ -136,8 +138,8 @@ t.test('a desired state makes the forwarder serve the binding and the cli-proxy 
   t.same(await reader.ended, { kind: 'end' }, 'the in-flight stream ended cleanly');
   t.equal(reader.text(), ev1 + ev2, 'every event arrived whole: not cut mid-event');
 
-  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'binding slot retired');
-  t.notOk(existsSync(join(w.handoff, 'slots', 'cli:rec.json')), 'provider slot retired');
+  t.notOk(hasSlot(w.handoff, 'instance:inst-a'), 'binding slot retired (file and manifest entry)');
+  t.notOk(hasSlot(w.handoff, 'cli:rec'), 'provider slot retired');
   t.notOk(existsSync(join(w.shimDir, 'rec-cli')), 'its shim removed');
   const holding = filesHolding(w.state, [tokA, tokRec]);
   t.same(holding, [], 'no file under the state root (hand-off included) holds an old token');
@@ -172,7 +174,7 @@ t.test('a state with one bad entry is rejected whole; the last good one keeps se
     t.equal(readFileSync(join(w.state, 'mcp-forwarder', 'instances.json'), 'utf8'), registry, `${what}: registry kept`);
     t.equal(readFileSync(join(w.state, 'cli-proxy', 'providers.json'), 'utf8'), catalog, `${what}: catalog kept`);
   }
-  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'no slot for a rejected state');
+  t.notOk(hasSlot(w.handoff, 'instance:inst-b'), 'no slot for a rejected state');
   t.equal((await mcp(w, B1)).status, 200, 'the last good binding still serves');
   t.equal((await api(w, 'rec')).status, 200, 'the last good provider still serves');
   checkNoLeaks(t);
@@ -190,16 +192,16 @@ t.test('apply SIGKILLed right after writing the registry converges after a resta
   t.equal(exit.signal, 'SIGKILL', 'killed at the crash point');
   t.ok(Object.hasOwn(readJson(join(w.state, 'mcp-forwarder', 'instances.json')), B2), 'the registry was written');
   // The registry goes first (the state in force sooner); the new binding's slot file follows it.
-  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'the new slot file not yet written');
-  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'the dropped binding\'s slot still there (the reminder)');
+  t.notOk(hasSlot(w.handoff, 'instance:inst-b'), 'the new slot not yet in the manifest');
+  t.ok(hasSlot(w.handoff, 'instance:inst-a'), 'the dropped binding\'s slot still there (the reminder)');
   t.ok(existsSync(w.instanceToken('inst-a')), 'the dropped binding\'s token not yet deleted');
   t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 1 }, 'version 2 not in force');
 
   const again = await w.startApply();
   await again.waitForLog(appliedLine(2));
   t.notOk(existsSync(w.instanceToken('inst-a')), 'the dropped binding\'s token deleted after the restart');
-  t.notOk(existsSync(join(w.handoff, 'slots', 'instance:inst-a.json')), 'its slot retired');
-  t.ok(existsSync(join(w.handoff, 'slots', 'instance:inst-b.json')), 'the new slot exists');
+  t.notOk(hasSlot(w.handoff, 'instance:inst-a'), 'its slot retired');
+  t.ok(hasSlot(w.handoff, 'instance:inst-b'), 'the new slot exists');
   t.same(Object.keys(readJson(join(w.state, 'mcp-forwarder', 'instances.json'))), [B2]);
   t.match(readJson(join(w.handoff, 'applied-state.json')), { version: 2 });
   // apply's lock file comes and goes while the tree is read: filesHolding skips what vanished.

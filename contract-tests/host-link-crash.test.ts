@@ -4,6 +4,7 @@ import t from 'tap';
 import { checkNoLeaks, type CliProc } from '../test/support/cli-proc.js';
 import { until } from '../test/support/poll.js';
 import type { TapTest } from '../test/support/tap.js';
+import { handoffSlots } from './helpers/slots.js';
 import { appliedLine, filesHolding, HANDED_OVER, hostWorld, killedAt, readJson, type HostWorld } from './helpers/host-link-rig.js';
 
 /*
@@ -24,10 +25,11 @@ const APPLY_POINTS = [
   'reconcile-after-shims',
   'reconcile-after-slots',
   'reconcile-after-token-deletion',
+  'reconcile-after-manifest-retire',
   'reconcile-after-slot-retire',
 ];
 
-// Seven kills and restarts, each two CLI start-ups and a renewal: ~45 s idle.
+// Eight kills and restarts, each two CLI start-ups and a renewal: ~50 s idle.
 t.setTimeout(300_000);
 
 const w: HostWorld = await hostWorld(t, { tokenLifetimeMs: 120_000 });
@@ -116,8 +118,7 @@ async function checkConverged(tt: TapTest, gone: { slots: string[] }): Promise<v
   tt.match(readJson(join(w.handoff, 'applied-state.json')), { version: state.version, appliedAt: String }, 'the Gateway\'s version in force');
   tt.same(Object.keys(readJson(registryPath)).sort(), Object.keys(state.bindings).sort(), 'registry: exactly the Gateway\'s bindings');
   tt.same(Object.keys(readJson(catalogPath)).sort(), Object.keys(state.providers).sort(), 'catalog: exactly the Gateway\'s providers');
-  const slotFiles = readdirSync(join(w.handoff, 'slots')).filter((n) => n.endsWith('.json')).map((n) => n.slice(0, -5)).sort();
-  tt.same(slotFiles, wantSlots, 'slot files: exactly the state\'s slots');
+  tt.same(handoffSlots(w.handoff), wantSlots, 'slots (manifest and per-slot files): exactly the state\'s slots');
   const tokenFile = (slot: string) => (slot.startsWith('instance:') ? w.instanceToken(slot.slice(9)) : w.providerToken(slot.slice(4)));
   for (const slot of wantSlots) await until(() => existsSync(tokenFile(slot)), `a renewed token for ${slot}`, 20_000);
   tt.pass('every slot of the state has its renewed token file');

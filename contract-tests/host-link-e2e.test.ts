@@ -10,6 +10,7 @@ import { until } from '../test/support/poll.js';
 import { send } from './helpers/http-raw.js';
 import { appliedLine, filesHolding, filesUnder, hostWorld, type HostWorld } from './helpers/host-link-rig.js';
 import { bearerToken, McpUpstream } from './helpers/mcp-upstream.js';
+import { hasSlot } from './helpers/slots.js';
 import { holdStream } from './helpers/held-stream.js';
 
 /*
@@ -177,7 +178,7 @@ t.test('disconnect while requests flow: token files gone, both proxies 404, an o
       return false;
     }
   }, 'the disconnect in force');
-  t.notOk(existsSync(join(world.handoff, 'slots', 'instance:inst-drop.json')), 'the dropped binding\'s slot retired');
+  t.notOk(hasSlot(world.handoff, 'instance:inst-drop'), 'the dropped binding\'s slot retired');
   t.notOk(existsSync(join(world.shimDir, `${DROPPED_PROVIDER}-cli`)), 'the dropped provider\'s shim removed');
   t.ok(existsSync(world.instanceToken('inst-kept')) && existsSync(world.providerToken(KEPT_PROVIDER)), 'the kept ones keep their tokens');
   t.same(filesHolding(world.root, droppedTokens), [], 'no file under the state roots, the hand-off or the credential directory holds a dropped token');

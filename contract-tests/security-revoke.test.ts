@@ -7,6 +7,7 @@ import { MockGateway } from '../test/support/mock-gateway.js';
 import { until, within } from '../test/support/poll.js';
 import type { TapTest } from '../test/support/tap.js';
 import { send } from './helpers/http-raw.js';
+import { handoffSlots } from './helpers/slots.js';
 import { appliedLine, enroll, filesHolding, hostWorld, parseEnvFile, readJson, type HostWorld } from './helpers/host-link-rig.js';
 
 /*
@@ -129,7 +130,7 @@ async function checkRevoked(tt: TapTest, how: string, revoke: () => Promise<void
   tt.ok(endsIn404(traffic.statuses.cli), `${how}: cli-proxy 200 → (503) → 404 for good (${[...new Set(traffic.statuses.cli)].join(' → ')})`);
   for (const f of tokenFiles) tt.notOk(existsSync(f), `${how}: ${f} deleted`);
   tt.same(readdirSync(world.shimDir).filter((n) => !n.startsWith('.')), [], `${how}: no shim left`);
-  tt.same(readdirSync(join(world.handoff, 'slots')).filter((n) => n.endsWith('.json')), [], `${how}: every slot retired`);
+  tt.same(handoffSlots(world.handoff), [], `${how}: every slot retired (files and manifest)`);
   tt.same(readdirSync(join(world.handoff, 'inbox')).filter((n) => n.endsWith('.json')), [], `${how}: nothing waiting in the inbox`);
   tt.same(readJson(join(world.applyState, 'mcp-forwarder', 'instances.json')), {}, `${how}: registry empty`);
   tt.same(readJson(join(world.applyState, 'cli-proxy', 'providers.json')), {}, `${how}: catalog empty`);

@@ -16,7 +16,7 @@ import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
 import type { LocalConfigFiles, RememberedFile } from './local-config.js';
-import { deleteFile, eachInParallel, ensureSlots, retireSlot } from './slot-admin.js';
+import { deleteFile, eachInParallel, ensureSlots, manifestSlots, retireSlot, writeManifest } from './slot-admin.js';
 
 /**
  * apply's reconcile of `<handoff>/desired-state.json` (SPEC §8): the whole state, validated
@@ -25,28 +25,38 @@ import { deleteFile, eachInParallel, ensureSlots, retireSlot } from './slot-admi
  *   1. instances.json and providers.json, atomically, 0600: what the proxies serve (a new
  *      binding answers 503 `token_unavailable` until its token exists)
  *   2. shims re-rendered (injected: apply must not import shims/)
- *   3. slot files for new slots (the link renews them at once)
- *   4. for what is gone: token file deleted, then its slot retired (the slot file is the
- *      durable reminder, so a crash between the two still cleans up on the next run)
+ *   3. the slot manifest (`slots/slots.manifest`, one atomic write: the link renews the
+ *      new slots at once) naming the state's slots and, still, the ones to retire; the
+ *      existing per-slot files checked (revived if revoked). A new slot gets no file of
+ *      its own until it holds a token (apply's inbox writes it then)
+ *   4. for what is gone: token file deleted, then the manifest written without the
+ *      retired slots, then their per-slot files deleted (the manifest entry and the file
+ *      are the durable reminder, so a crash in between still cleans up on the next run)
  *   5. applied-state.json
  * A crash anywhere before 5 leaves the version not in force, and the next run re-applies
  * it; every step is idempotent.
  *
- * The registry goes before the slot files: the bound is the state in force (every binding
- * answering) within 2 s, and 11 000 new slot files cost apply seconds on a busy disk while
- * they only start renewals, which cannot finish before the registry names the binding
- * anyway. A crash between 1 and 3 leaves bindings in the registry with no slot file yet;
- * applied-state is not written, so the next run re-applies the version: the plan's slots
- * come from the listing of slots/ (the new ones are missing, so they are written) and the
- * registry in force (nothing is retired that the state still wants), and what is gone is
- * found from the slot files still there (`planReconcile`).
+ * The registry goes before the slots: the bound is the state in force (every binding
+ * answering) within 2 s, and the slots only start renewals, which cannot finish before the
+ * registry names the binding anyway. A crash between 1 and 3 leaves bindings in the
+ * registry with no slot yet; applied-state is not written, so the next run re-applies the
+ * version: the manifest is written from the desired state, and what is gone is found from
+ * the per-slot files listed, the manifest's ids and the registry in force (`planReconcile`;
+ * nothing is retired that the state still wants).
+ *
+ * The manifest replaced 11 000 empty `slots/<slot>.json` for a new 10 000-binding state
+ * (docs/design/scale-handoff.md, part 1). The empty files a previous version wrote are
+ * left where they are: the readers take the union, so they stay valid slots; each is
+ * overwritten by the slot's next token and deleted with its slot.
  */
 
 export interface ReconcileCurrent {
   instances: InstancesFile;
   catalog: Catalog;
-  /** Slot ids with a slot file in the hand-off. */
+  /** Slot ids in the hand-off: a per-slot file, or an entry of the manifest apply wrote. */
   slots: ReadonlySet<string>;
+  /** Of those, the ones with a per-slot file (the rest need no file check). */
+  slotFiles?: ReadonlySet<string>;
 }
 
 export interface ReconcilePlan {
@@ -57,9 +67,9 @@ export interface ReconcilePlan {
   writeCatalog: boolean;
   /** Slots the state needs (created or revived, idempotent), sorted. */
   ensureSlots: string[];
-  /** Of those, the ones with no slot file yet. */
+  /** Of those, the ones not in the hand-off yet. */
   newSlots: string[];
-  /** Slot files for nothing in the state. */
+  /** Slots (files or manifest entries) for nothing in the state. */
   retireSlots: string[];
   /** Token files nothing in the state uses any more. */
   deleteTokenFiles: string[];
@@ -156,12 +166,25 @@ export type ReconcileOutcome =
   | { kind: 'stale'; version: number; inForce: number }
   | { kind: 'applied'; version: number; plan: ReconcilePlan };
 
+/** Slot ids with a per-slot file in slots/ (names only). */
 export async function slotIdsPresent(paths: HandoffPaths): Promise<Set<string>> {
   const names = await readdir(paths.slots).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return [] as string[];
     throw err;
   });
   return new Set(names.flatMap((n) => slotOfFileName(n) ?? []));
+}
+
+/**
+ * Every slot apply may have to retire: the per-slot files and the manifest's ids (as
+ * `manifestSlots` takes them: apply's own file only). Never the slots to keep: those come
+ * from the desired state.
+ */
+export async function slotIdsKnown(paths: HandoffPaths): Promise<{ slots: Set<string>; slotFiles: Set<string> }> {
+  const slotFiles = await slotIdsPresent(paths);
+  const slots = new Set(slotFiles);
+  for (const slot of await manifestSlots(paths)) slots.add(slot);
+  return { slots, slotFiles };
 }
 
 export async function writeAppliedState(paths: HandoffPaths, state: AppliedState): Promise<void> {
@@ -220,8 +243,10 @@ function withoutOwnListeners(parsed: ParseResult<DesiredState>, ports: readonly 
  * (only a new state revives it, as before).
  */
 async function healInForce(deps: ReconcileDeps, desired: DesiredState): Promise<void> {
-  const healed = (await ensureSlots(deps.paths, [...slotsOf(desired)].sort(), await slotIdsPresent(deps.paths), { revive: false })).written;
-  if (healed.length > 0) deps.log.warn({ slots: healed.length }, 'slot files of the state in force were missing or unreadable; written again');
+  const wanted = slotsOf(desired);
+  const healed = (await ensureSlots(deps.paths, [...wanted].sort(), await slotIdsPresent(deps.paths), { revive: false })).written;
+  if (healed.length > 0) deps.log.warn({ slots: healed.length }, 'slot files of the state in force were unreadable; written again');
+  if (await writeManifest(deps.paths, wanted, desired.version)) deps.log.warn({ slots: wanted.size }, 'the slot manifest of the state in force was missing or different; written again');
   if (deps.renderShims) await renderShimsFor(deps, toLocalConfig(desired, deps.layout).catalog);
 }
 
@@ -289,7 +314,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
       instances: await deps.local.instances.get().catch(() => ({})),
       catalog: await deps.local.catalog.get().catch(() => ({})),
       // Names only: what exists is what may need retiring (10 000 files need not be read).
-      slots: await slotIdsPresent(paths),
+      ...(await slotIdsKnown(paths)),
     };
     const plan = planReconcile(current, desired, deps.layout);
 
@@ -301,13 +326,23 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
     // 2. shims for the catalog now in force.
     await renderShimsFor(deps, plan.catalog, !plan.writeCatalog);
     crashPoint('reconcile-after-shims');
-    // 3. slot files: the new ones start renewals; the rest are checked (revived if revoked).
-    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slots);
+    // 3. the manifest: the new slots start renewals (one file, whatever their number); the
+    // slots to retire stay named until their token files are gone (the reminder). The
+    // per-slot files there are checked (revived if revoked).
+    const wanted = new Set(plan.ensureSlots);
+    const slotFiles = await ensureSlots(paths, plan.ensureSlots, current.slotFiles ?? current.slots);
+    await writeManifest(paths, new Set([...plan.ensureSlots, ...plan.retireSlots]), desired.version);
     crashPoint('reconcile-after-slots');
-    // 4. what is gone: token file first, then the slot (the slot file is the reminder).
+    // 4. what is gone: token file first, then the slot (manifest entry, then its file).
     let deleted = 0;
     for (const file of plan.deleteTokenFiles) if (await deleteFile(file)) deleted += 1;
     crashPoint('reconcile-after-token-deletion');
+    if (plan.retireSlots.length > 0) {
+      // The manifest first: a slot whose file went first would be an empty slot (renewed
+      // at once) until the manifest dropped it.
+      await writeManifest(paths, wanted, desired.version);
+      crashPoint('reconcile-after-manifest-retire');
+    }
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
     // The last point before the version is in force.
     crashPoint('reconcile-after-slot-retire');

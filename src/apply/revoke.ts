@@ -6,8 +6,8 @@ import type { DesiredState } from '../data/desired-state.js';
 import { slotOfFileName } from '../data/handoff.js';
 import { readHostRevoked, type HostRevoked } from '../data/host-revoked.js';
 import { withFileLock } from '../fs/file-lock.js';
-import { planReconcile, slotIdsPresent, writeAppliedState, writeConfig, type ReconcileDeps } from './reconcile.js';
-import { deleteFile, eachInParallel, retireSlot } from './slot-admin.js';
+import { planReconcile, slotIdsKnown, writeAppliedState, writeConfig, type ReconcileDeps } from './reconcile.js';
+import { deleteFile, eachInParallel, removeManifest, retireSlot } from './slot-admin.js';
 
 export interface RevokeDeps extends Omit<ReconcileDeps, 'memo'> {
   /** The default token directories: swept of every `*.token`, whatever the registry named. */
@@ -50,7 +50,7 @@ export async function revokeIfMarked(deps: RevokeDeps): Promise<RevokeOutcome> {
     const current = {
       instances: await deps.local.instances.get().catch(() => ({})),
       catalog: await deps.local.catalog.get().catch(() => ({})),
-      slots: await slotIdsPresent(paths),
+      ...(await slotIdsKnown(paths)),
     };
     const plan = planReconcile(current, EMPTY, deps.layout);
     const swept = (await Promise.all(deps.tokenDirs.map(async (dir) => (await namesIn(dir)).filter((n) => n.endsWith('.token')).map((n) => join(dir, n))))).flat();
@@ -59,6 +59,8 @@ export async function revokeIfMarked(deps: RevokeDeps): Promise<RevokeOutcome> {
     if (plan.writeInstances) await writeConfig(deps.local.instances, plan.instances);
     if (plan.writeCatalog) await writeConfig(deps.local.catalog, plan.catalog);
     if (deps.renderShims) await deps.renderShims(plan.catalog);
+    // The manifest first (a slot whose file went first would be an empty slot in it).
+    await removeManifest(paths);
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
     // Tokens a renewal handed over before the link stopped: never written now.
     for (const name of await namesIn(paths.inbox)) if (slotOfFileName(name)) await deleteFile(join(paths.inbox, name));

@@ -1,9 +1,9 @@
-import { closeSync, constants, fchmodSync, fstatSync, lstatSync, openSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { lstatSync } from 'node:fs';
 import { join } from 'node:path';
-import { emptySlotFile, readSlotFile, slotFileName, type HandoffPaths, type SlotFile } from '../data/handoff.js';
-import { atomicWrite, atomicWriteSync, fsyncDir, tempPathFor } from '../fs/atomic-write.js';
+import { emptySlotFile, readSlotFile, readSlotManifest, slotFileName, slotManifestPath, slotManifestText, type HandoffPaths, type SlotFile } from '../data/handoff.js';
+import { atomicWrite, atomicWriteSync, fsyncDir } from '../fs/atomic-write.js';
 import { deleteFile } from '../fs/delete-file.js';
-import { ensureHandoffDir } from './handoff-dirs.js';
+import { ensureHandoffDir, handoffOwners } from './handoff-dirs.js';
 
 /**
  * The slot files this process knows to be valid and not revoked (it wrote or read them),
@@ -81,11 +81,64 @@ export async function slotInForce(paths: HandoffPaths, slot: string): Promise<Sl
   if (identity !== undefined) {
     const kept = knownGood.contentOf(path, identity);
     if (kept) return kept;
+  } else if (lstatSync(path, { throwIfNoEntry: false }) === undefined) {
+    // No file: a slot of the manifest is in force, empty (no token applied yet).
+    return (await manifestSlots(paths)).has(slot) ? emptySlotFile(slot) : undefined;
   }
   const read = await readSlotFile(paths, slot);
   // Unreadable or another slot's content: not kept, so it is judged again next time.
   if (read && identity !== undefined) remember(path, read, identity);
   return read;
+}
+
+/**
+ * The manifest's ids as this process last wrote or read it, keyed by the file's identity
+ * (as `knownGood`): a token for an empty slot costs an lstat, not a read and parse of a
+ * 0.5 MB file. A manifest apply cannot use (refused, invalid, or not owned by apply: the
+ * link's group can create entries in slots/) names no slot; the caller's own sources (the
+ * desired state, the registry) decide what matters, this only answers "in force?" as a
+ * planted per-slot file already could.
+ */
+let manifestKnown: { path: string; identity: string; ids: ReadonlySet<string> } | undefined;
+
+export async function manifestSlots(paths: HandoffPaths): Promise<ReadonlySet<string>> {
+  const path = slotManifestPath(paths);
+  const identity = identityOf(path);
+  if (identity === undefined) return new Set();
+  if (manifestKnown?.path === path && manifestKnown.identity === identity) return manifestKnown.ids;
+  const read = await readSlotManifest(paths);
+  if (read.kind !== 'ok') return new Set();
+  const owners = await handoffOwners(paths.root);
+  if (!owners.has(read.stat.uid)) return new Set();
+  // Kept only if the file read is the one lstat saw before (a rename since: read again next time).
+  manifestKnown = identityOf(path) === identity && read.stat.ino === Number(identity.split(':')[0]) ? { path, identity, ids: read.slots } : undefined;
+  return read.slots;
+}
+
+/**
+ * Writes the slot manifest whole (temp, fsync, rename, fsync of slots/): what the link
+ * renews. Skipped when the file already holds exactly these ids (a state that changes no
+ * slot, a restart). Returns whether it wrote.
+ */
+export async function writeManifest(paths: HandoffPaths, slots: ReadonlySet<string>, version?: number): Promise<boolean> {
+  const path = slotManifestPath(paths);
+  const current = await manifestSlots(paths);
+  if (manifestKnown?.path === path && current.size === slots.size && [...slots].every((s) => current.has(s))) return false;
+  // Never through a symlink the link planted in place of slots/.
+  await ensureHandoffDir(paths, 'slots');
+  manifestKnown = undefined;
+  await atomicWrite(path, slotManifestText(slots, version), { mode: SLOT_FILE_MODE });
+  const identity = identityOf(path);
+  if (identity !== undefined) manifestKnown = { path, identity, ids: new Set(slots) };
+  return true;
+}
+
+/** Removes the manifest (a host revocation: no slot is in force). */
+export async function removeManifest(paths: HandoffPaths): Promise<boolean> {
+  manifestKnown = undefined;
+  const removed = await deleteFile(slotManifestPath(paths));
+  if (removed) await fsyncDir(paths.slots);
+  return removed;
 }
 
 export interface WriteSlotOptions {
@@ -143,20 +196,21 @@ export async function eachInParallel<T>(items: readonly T[], fn: (item: T) => Pr
 const SYNC_BATCH = 256;
 
 export interface EnsureSlotsResult {
-  /** The slots whose file was written (new, unreadable or revived). */
+  /** The slots whose file was written again (unreadable or revived). */
   written: string[];
   /** Slot files read: the present ones this process did not already know to be good. */
   read: number;
 }
 
 /**
- * `ensureSlot` for every slot of a desired state at once: each missing, unreadable or
- * revoked (unless `revive: false`) slot file is (re)written; `present` are the names listed in slots/ (a file not
- * there needs no read, nor does one this process knows unchanged since it wrote or read it). The new files are written whole-or-absent (temp + rename) without
- * an fsync each: 10 000 of them, two fsyncs apiece, took 10–50 s on a shared disk where the
- * goal is a state in force within 2 s. One fsync of slots/ makes the renames durable; a
- * file whose content a power loss lost is re-made by the next reconcile (apply runs one at
- * every start: `reconcileDesiredState`), before anything could need it.
+ * The per-slot files of a desired state's slots that exist (`present`: the names listed in
+ * slots/): each unreadable one is written again empty, each revoked one revived (unless
+ * `revive: false`). A slot with no file needs nothing here: the manifest names it
+ * (`writeManifest`), and its file is written only once it holds a token or is revoked
+ * (apply's inbox). A file this process knows unchanged since it wrote or read it is not
+ * read. The rewrites are whole-or-absent (temp + rename) without an fsync each; one fsync
+ * of slots/ makes the renames durable, and a file whose content a power loss lost is
+ * re-made by the next reconcile (apply runs one at every start: `reconcileDesiredState`).
  */
 export async function ensureSlots(paths: HandoffPaths, slots: readonly string[], present: ReadonlySet<string>, options: { revive?: boolean } = {}): Promise<EnsureSlotsResult> {
   const write: SlotFile[] = [];
@@ -169,28 +223,19 @@ export async function ensureSlots(paths: HandoffPaths, slots: readonly string[],
     if (!existing) write.push(emptySlotFile(slot));
     else if (existing.revoked && options.revive !== false) write.push({ ...existing, revoked: undefined });
   });
-  for (const slot of slots) if (!present.has(slot)) write.push(emptySlotFile(slot));
   const result = { written: write.map((s) => s.slot), read: unknown.length };
   if (write.length === 0) return result;
   // Never through a symlink the link planted in place of slots/.
   await ensureHandoffDir(paths, 'slots');
-  const writer = new NewSlotWriter(paths.slots);
   for (let i = 0; i < write.length; i++) {
     if (i > 0 && i % SYNC_BATCH === 0) await new Promise((resolve) => setImmediate(resolve));
     const slot = write[i]!;
-    const name = slotFileName(slot.slot);
-    const path = join(paths.slots, name);
+    const path = join(paths.slots, slotFileName(slot.slot));
     knownGood.delete(path);
-    const text = `${JSON.stringify(slot)}\n`;
-    if (present.has(slot.slot)) {
-      // A file that was there (unreadable or revoked): atomicWriteSync refuses a symlink or a
-      // non-regular file in its place, as before.
-      atomicWriteSync(path, text, { mode: SLOT_FILE_MODE });
-      remember(path, slot);
-    } else {
-      const identity = writer.write(name, text);
-      if (identity !== undefined) knownGood.set(path, identity);
-    }
+    // A file that was there (unreadable or revoked): atomicWriteSync refuses a symlink or a
+    // non-regular file in its place, as before.
+    atomicWriteSync(path, `${JSON.stringify(slot)}\n`, { mode: SLOT_FILE_MODE });
+    remember(path, slot);
   }
   await fsyncDir(paths.slots);
   return result;
@@ -200,66 +245,11 @@ export async function ensureSlots(paths: HandoffPaths, slots: readonly string[],
 const SLOT_FILE_MODE = 0o640;
 
 /**
- * Whether this process's umask leaves `mode` as open() was given it (Linux: the Umask line
- * of /proc/self/status; `process.umask()` without an argument writes the umask twice, a
- * race with the thread pool's file creations). Unknown → false: chmod each file.
+ * `unbind` of the last binding of an instance: fetch stops renewing it. Also apply's
+ * retirement of a slot's file, after the manifest no longer names it (reconcile.ts). The
+ * manifest is not touched here: on a host without a desired state there is none (`bind`
+ * writes per-slot files); on a managed one the desired state, not `unbind`, decides.
  */
-function umaskKeeps(mode: number): boolean {
-  try {
-    const m = /^Umask:\s*([0-7]+)$/m.exec(readFileSync('/proc/self/status', 'utf8'));
-    return m !== null && (Number.parseInt(m[1]!, 8) & mode) === 0;
-  } catch {
-    return false;
-  }
-}
-
-/**
- * Writes the slot files of a new state that were not in slots/ when it was listed: the
- * same whole-or-absent write as `atomicWriteSync` (a temp file opened exclusively,
- * O_NOFOLLOW, with the final mode, then renamed over the name), minus what 11 000 of them
- * do not need, each measured at tens of µs a file on this VM (the temp name is
- * atomicWrite's own, `tempPathFor`, so `sweepStaleTemps` removes what a killed apply left):
- * an `lstat` before, refusing a symlink at the name (the name was absent when
- * listed; one the link plants since is replaced by the rename, which never follows it,
- * not written through); the `fchmod` when the umask cannot have narrowed the mode; and an
- * `lstat` after, for the file's identity (`knownGood`): `fstat` of the still-open file
- * after the rename gives the same inode, size and times without a path lookup in a
- * directory of 11 000 names. Returns the identity, undefined if the fstat failed (the
- * file is then read on the next state, as any unknown one).
- */
-class NewSlotWriter {
-  private readonly chmod = !umaskKeeps(SLOT_FILE_MODE);
-
-  constructor(private readonly dir: string) {}
-
-  write(name: string, text: string): string | undefined {
-    const path = join(this.dir, name);
-    const tmp = tempPathFor(this.dir, name);
-    const fd = openSync(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, SLOT_FILE_MODE);
-    let renamed = false;
-    try {
-      const bytes = Buffer.from(text);
-      for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
-      if (this.chmod) fchmodSync(fd, SLOT_FILE_MODE);
-      renameSync(tmp, path);
-      renamed = true;
-      const st = fstatSync(fd, { bigint: true });
-      return `${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
-    } catch (err) {
-      if (renamed) return undefined;
-      try {
-        unlinkSync(tmp);
-      } catch {
-        // never created or already gone
-      }
-      throw err;
-    } finally {
-      closeSync(fd);
-    }
-  }
-}
-
-/** `unbind` of the last binding of an instance: fetch stops renewing it. */
 export function retireSlot(paths: HandoffPaths, slot: string): Promise<boolean> {
   const path = join(paths.slots, slotFileName(slot));
   knownGood.delete(path);

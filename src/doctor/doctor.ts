@@ -5,7 +5,7 @@ import type { ParseResult } from '../data/parse.js';
 import { parseInstancesFile } from '../data/registry.js';
 import { defaultCaBundle, stateLayout } from '../data/state-layout.js';
 import { APPLY_UNIT, LINK_UNIT, SERVICE_UNITS, unitStem } from '../data/unit-names.js';
-import { HANDOFF_ROOT_MODE, handoffPaths, readSlots } from '../data/handoff.js';
+import { HANDOFF_ROOT_MODE, handoffPaths, readSlots, SLOT_MANIFEST_FILE } from '../data/handoff.js';
 import { agentUsersHealth } from '../data/agent-users.js';
 import { readHostRevoked } from '../data/host-revoked.js';
 import { agentUsersProblem, HOST_REVOKED, partProblem, SLOT_FILE_INVALID } from '../data/problem-codes.js';
@@ -213,9 +213,13 @@ export async function diagnose(o: DoctorOptions): Promise<{ findings: Finding[];
   for (const slot of neededSlots) {
     // On an enrolled host bind and unbind refuse; apply re-applying the state recreates slots.
     const slotFix = managed ? reapplyFix(o.handoffDir) : slot.startsWith('cli:') ? 'agent-connectors shims install' : 'agent-connectors bind <bindingId> --instance-id … --upstream … (again)';
-    if (!known.has(slot)) out.problem('slot_missing', 'renewal', `${slot} has no slot file: its token will never be renewed`, slotFix);
+    if (!known.has(slot)) out.problem('slot_missing', 'renewal', `${slot} has no slot file and is not in the slot manifest: its token will never be renewed`, slotFix);
   }
-  for (const e of errors) out.problem(SLOT_FILE_INVALID, 'renewal', `slot file ${e.file} is invalid: ${e.error}`, `rm '${join(handoff.slots, e.file)}' and bind again`);
+  for (const e of errors) {
+    // The manifest is apply's: removed, apply writes it again from the state in force at its next start.
+    const fix = e.file === SLOT_MANIFEST_FILE ? `rm '${join(handoff.slots, e.file)}' and restart ${unitStem(APPLY_UNIT)}` : `rm '${join(handoff.slots, e.file)}' and bind again`;
+    out.problem(SLOT_FILE_INVALID, 'renewal', `slot file ${e.file} is invalid: ${e.error}`, fix);
+  }
   for (const s of slots) {
     if (s.revoked) out.problem('slot_revoked', 'renewal', `${s.slot} was revoked by the Gateway`, managed ? 'disconnect it in the platform: the next desired state removes it' : 'agent-connectors unbind <its bindings>');
     else if (!s.tokenId || !s.expiresAt) out.problem('token_never_received', 'renewal', `${s.slot} has never received a token`, `journalctl -u ${unitStem(LINK_UNIT)}`);

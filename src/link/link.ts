@@ -1,4 +1,6 @@
+import { handoffPaths } from '../data/handoff.js';
 import { writeHostRevoked } from '../data/host-revoked.js';
+import { SlotCache } from '../data/slot-cache.js';
 import type { Logger } from '../log/logger.js';
 import type { Service } from '../service/service.js';
 import { createAuditUpload, type AuditUploadConfig } from './audit-upload.js';
@@ -38,10 +40,13 @@ export function createLinkServices(config: LinkConfig, log: Logger): Service[] {
   const credential = new HostCredential(config.credentialPath, client, linkLog);
   let onPruned: () => void = () => undefined;
   const pruned = new Promise<void>((resolve) => (onPruned = resolve));
-  const services = [createRenewalService(config.renewal, credential, { onPruned })];
+  // One SlotCache for renewal and presence: each slot file (and the slot manifest) is read
+  // once per change, not once per reader (docs/host-link.md, session 12).
+  const slotCache = new SlotCache(handoffPaths(config.renewal.handoffDir), config.renewal.maxSleepMs);
+  const services = [createRenewalService(config.renewal, credential, { onPruned, slotCache })];
   const enrolled = config.enrolled;
   if (enrolled) {
-    const presence = createPresence(enrolled.presence, credential);
+    const presence = createPresence(enrolled.presence, credential, enrolled.presence.handoffDir === config.renewal.handoffDir ? { slotCache } : {});
     const onPoll = recordLinkStatus(enrolled.poller.handoffDir, credential, linkLog);
     services.push(createStatePoller({ ...enrolled.poller, onHandedOver: () => presence.changed(), onPoll, startAfter: pruned }, credential), presence.service);
     handOffRevocation(enrolled.poller.handoffDir, credential, linkLog);

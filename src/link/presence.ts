@@ -1,5 +1,6 @@
 import { basename } from 'node:path';
 import { Agent } from 'undici';
+import { z } from 'zod';
 import { agentUsersHealth } from '../data/agent-users.js';
 import { appliedStatePath, readAppliedState } from '../data/applied-state.js';
 import { handoffPaths, readSlots } from '../data/handoff.js';
@@ -73,15 +74,26 @@ export async function buildPresence(
   for (const [part, url] of Object.entries(config.health)) parts[part] = await partHealth(agent, url, signal, config.healthTimeoutMs);
   const agentUsers = config.agentUsersFile === undefined ? undefined : await agentUsersHealth(config.agentUsersFile);
   const problems = presenceProblems({ parts, applied, slotFileErrors: errors.length, credentialUsable, agentUsers });
-  return presenceSchema.parse({
+  const body = {
     hostId: config.hostId,
     version: config.version,
     stateVersion: applied && applied.appliedAt !== null ? applied.version : null,
     parts,
     slots: slots.map((s) => ({ slot: s.slot, tokenId: s.tokenId, expiresAt: s.expiresAt })),
     problems,
-  });
+  };
+  if (!slotListing) return presenceSchema.parse(body);
+  // The link's cache validated every slot when it read it (slotFileSchema: the same slot,
+  // tokenId and expiresAt schemas as the wire's), so only the rest is checked here, and
+  // the count: re-validating 11 000 entries per report cost ~45 ms a minute at rest.
+  const checked = presenceWithValidatedSlots.parse({ ...body, slots: [] });
+  if (body.slots.length > MAX_PRESENCE_SLOTS) throw new Error(`presence lists ${body.slots.length} slots, more than ${MAX_PRESENCE_SLOTS}`);
+  return { ...checked, slots: body.slots };
 }
+
+/** The wire's bound on a report's slots (link-wire.ts). */
+const MAX_PRESENCE_SLOTS = 20_000;
+const presenceWithValidatedSlots = presenceSchema.extend({ slots: z.array(z.never()).max(0) });
 
 /**
  * The link's presence (SPEC §8): `POST /v1/host/presence` every `intervalMs` (±10 %) and
@@ -89,7 +101,7 @@ export async function buildPresence(
  * changed; `changed()`). A failure is logged (status or error code, never a body) and
  * retried at the next tick; a 401 halts the link until the credential changes.
  */
-export function createPresence(config: PresenceConfig, credential: HostCredential): { service: Service; changed: () => void } {
+export function createPresence(config: PresenceConfig, credential: HostCredential, shared?: { slotCache?: SlotCache }): { service: Service; changed: () => void } {
   let wakeLoop: (() => void) | undefined;
   /** A change that reports after `minGapMs` (the first report too). */
   let dirty = true;
@@ -116,7 +128,8 @@ export function createPresence(config: PresenceConfig, credential: HostCredentia
       const gapNow = (now: number): number =>
         dirty || now >= nextRegular ? config.minGapMs : Math.max(config.minGapMs, lastSlotCount * SLOT_CHANGE_GAP_MS_PER_SLOT);
       // A report lists every slot; with 10 000 of them only the changed files are re-read.
-      const slotCache = new SlotCache(paths, config.intervalMs);
+      // The link's one cache, shared with renewal (link.ts), when given: one read per change.
+      const slotCache = shared?.slotCache ?? new SlotCache(paths, config.intervalMs);
 
       const send = async (log: Logger): Promise<void> => {
         const read = credential.read();

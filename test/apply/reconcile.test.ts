@@ -1,11 +1,11 @@
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { readAppliedState } from '../../src/data/applied-state.js';
 import { readCatalog, type Catalog } from '../../src/data/catalog.js';
 import type { DesiredState } from '../../src/data/desired-state.js';
-import { handoffPaths, readSlots } from '../../src/data/handoff.js';
+import { handoffPaths, readSlots, SLOT_MANIFEST_FILE } from '../../src/data/handoff.js';
 import { readInstances } from '../../src/data/registry.js';
 import { stateLayout } from '../../src/data/state-layout.js';
 import { localConfigFiles, RememberedFile } from '../../src/apply/local-config.js';
@@ -212,26 +212,64 @@ t.test('reconcile: a state changing bindings only reads no slot file and renders
   t.equal(rendered.length, 3);
 });
 
-t.test('reconcile: a new process heals the state in force: a lost or emptied slot file is made again, shims rendered again, a revoked slot stays revoked', async (t) => {
+t.test('reconcile: a new process heals the state in force: a lost manifest or an emptied slot file is made again, shims rendered again, a revoked slot stays revoked', async (t) => {
   const { deps, rendered, write } = setup(t);
   write(state(1, { [B1]: 'i1', [B2]: 'i2', [B3]: 'i3' }, ['gh']));
   t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
-  // What a power loss can leave of files written without an fsync each.
-  rmSync(join(deps.paths.slots, 'instance:i1.json'));
+  // Slots holding a token have their own file (apply's inbox writes them, without an fsync each).
+  const held = (slot: string): string => JSON.stringify({ slot, tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 });
+  writeFileSync(join(deps.paths.slots, 'instance:i2.json'), held('instance:i2'));
+  // What a power loss can leave: the manifest gone (as if never renamed in), a slot file empty.
+  rmSync(join(deps.paths.slots, SLOT_MANIFEST_FILE));
   writeFileSync(join(deps.paths.slots, 'cli:gh.json'), '');
   const revoked = { slot: 'instance:i3', tokenId: null, expiresAt: null, generation: 0, revoked: true };
   writeFileSync(join(deps.paths.slots, 'instance:i3.json'), JSON.stringify(revoked));
   const untouched = statSync(join(deps.paths.slots, 'instance:i2.json')).ino;
   t.same(await reconcileDesiredState(deps), { kind: 'unchanged' }, 'the same process: nothing read again');
-  t.notOk(existsSync(join(deps.paths.slots, 'instance:i1.json')), 'not healed by a rescan');
+  t.notOk(existsSync(join(deps.paths.slots, SLOT_MANIFEST_FILE)), 'not healed by a rescan');
 
   const restarted = { ...deps, memo: {} };
   t.same(await reconcileDesiredState(restarted), { kind: 'unchanged' }, 'the next start: the version is in force');
   const { slots, errors } = await readSlots(deps.paths);
   t.same(errors, [], 'no unreadable slot file left');
   t.same(slots.map((s) => s.slot), ['cli:gh', 'instance:i1', 'instance:i2', 'instance:i3']);
+  t.same(manifestIds(deps), ['cli:gh', 'instance:i1', 'instance:i2', 'instance:i3'], 'the manifest written again');
+  t.notOk(existsSync(join(deps.paths.slots, 'instance:i1.json')), 'an empty slot needs no file');
   t.equal(statSync(join(deps.paths.slots, 'instance:i2.json')).ino, untouched, 'a good slot file is not rewritten');
   t.same(JSON.parse(readFileSync(join(deps.paths.slots, 'instance:i3.json'), 'utf8')), revoked, 'the revoked slot is left revoked');
   t.equal(rendered.length, 2, 'the shims rendered again');
-  t.equal(statSync(join(deps.paths.slots, 'instance:i1.json')).mode & 0o777, 0o640);
+  t.equal(statSync(join(deps.paths.slots, SLOT_MANIFEST_FILE)).mode & 0o777, 0o640);
 });
+
+t.test('reconcile: a new state is one manifest, no slot file; retirement drops ids from it and deletes their files; empty files of a previous version are left valid', async (t) => {
+  const { deps, write } = setup(t);
+  const many = Object.fromEntries(Array.from({ length: 300 }, (_, i) => [`bind_many_${String(i).padStart(4, '0')}`, `m${i}`]));
+  // A previous version wrote an empty file per slot: one of them left from it.
+  mkdirSync(deps.paths.slots, { recursive: true });
+  writeFileSync(join(deps.paths.slots, 'instance:m1.json'), JSON.stringify({ slot: 'instance:m1', tokenId: null, expiresAt: null, generation: 0 }));
+  write(state(1, many, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 1 });
+  t.same(readdirSync(deps.paths.slots).sort(), ['instance:m1.json', SLOT_MANIFEST_FILE], 'one manifest; the old empty file left');
+  t.equal(manifestIds(deps).length, 301, 'every slot named');
+  t.equal((await readSlots(deps.paths)).slots.length, 301);
+
+  // m0 holds a token (its file written by apply's inbox); m0 and m1 and m2 go.
+  writeFileSync(join(deps.paths.slots, 'instance:m0.json'), JSON.stringify({ slot: 'instance:m0', tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 }));
+  const { bind_many_0000: _a, bind_many_0001: _b, bind_many_0002: _c, ...rest } = many;
+  write(state(2, rest, ['gh']));
+  t.match(await reconcileDesiredState(deps), { kind: 'applied', version: 2, plan: { retireSlots: ['instance:m0', 'instance:m1', 'instance:m2'] } });
+  t.same(readdirSync(deps.paths.slots), [SLOT_MANIFEST_FILE], 'their files deleted');
+  const ids = manifestIds(deps);
+  t.equal(ids.length, 298);
+  t.notOk(ids.some((s) => ['instance:m0', 'instance:m1', 'instance:m2'].includes(s)), 'and their ids dropped');
+
+  // A planted manifest naming a slot the state does not want: apply retires it (never keeps it).
+  writeFileSync(join(deps.paths.slots, SLOT_MANIFEST_FILE), `${JSON.stringify({ v: 1, slots: [...ids, 'instance:planted'].sort() })}\n`);
+  write(state(3, rest, ['gh']));
+  t.match(await reconcileDesiredState({ ...deps, memo: {} }), { kind: 'applied', version: 3, plan: { retireSlots: ['instance:planted'] } });
+  t.same(manifestIds(deps), ids, 'the manifest is the state\'s again');
+});
+
+function manifestIds(deps: ReconcileDeps): string[] {
+  return (JSON.parse(readFileSync(join(deps.paths.slots, SLOT_MANIFEST_FILE), 'utf8')) as { slots: string[] }).slots;
+}

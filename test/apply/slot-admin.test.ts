@@ -1,8 +1,8 @@
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { handoffPaths, readSlotFile, readSlots, slotFileSchema, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
-import { ensureSlot, ensureSlots, retireSlot, writeSlotFile } from '../../src/apply/slot-admin.js';
+import { handoffPaths, readSlotFile, readSlots, SLOT_MANIFEST_FILE, slotFileSchema, slotManifestText, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
+import { ensureSlot, ensureSlots, manifestSlots, removeManifest, retireSlot, slotInForce, writeManifest, writeSlotFile } from '../../src/apply/slot-admin.js';
 import { tempDir } from '../support/temp-dir.js';
 
 function handoff(): HandoffPaths {
@@ -98,14 +98,12 @@ t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
   t.strictSame(await readSlotFile(p, 'cli:x'), s);
 });
 
-t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves the good; refuses a symlink', async (t) => {
+t.test('ensureSlots: no file for a slot without one (the manifest names it); the unreadable rewritten, the revoked revived; the good left; a symlink refused', async (t) => {
   const p = handoff();
   const slots = Array.from({ length: 300 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
-  t.same((await ensureSlots(p, slots, new Set())).written, slots, 'every one new (more than one batch of synchronous writes)');
-  for (const s of [slots[0]!, slots[299]!]) {
-    t.strictSame(JSON.parse(readFileSync(slotPath(p, s), 'utf8')) as unknown, { slot: s, tokenId: null, expiresAt: null, generation: 0 });
-    t.equal(statSync(slotPath(p, s)).mode & 0o777, 0o640);
-  }
+  t.same(await ensureSlots(p, slots, new Set()), { written: [], read: 0 }, 'a new slot gets no file of its own');
+  t.notOk(existsSync(p.slots) && readdirSync(p.slots).length > 0, 'nothing written');
+  await writeSlotFile(p, { slot: slots[0]!, tokenId: null, expiresAt: null, generation: 0 });
   const good = slots[1]!;
   const held: SlotFile = { slot: good, tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 };
   await writeSlotFile(p, held);
@@ -127,29 +125,57 @@ t.test('ensureSlots: writes the missing, the unreadable and the revoked; leaves 
   t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind it untouched');
 });
 
-t.test('ensureSlots: a new slot file is whole, 0640, its temp gone; a symlink planted after the listing is replaced, not followed', async (t) => {
+t.test('writeManifest: whole, 0640, its temp gone; the same ids are no write; a symlink planted at its name is replaced, not followed', async (t) => {
   const p = handoff();
   const slots = Array.from({ length: 40 }, (_, i) => `cli:prov-${String(i).padStart(2, '0')}`);
-  await ensureSlots(p, [slots[0]!], new Set());
+  t.equal(await writeManifest(p, new Set(slots), 7), true);
+  const path = join(p.slots, SLOT_MANIFEST_FILE);
+  t.strictSame(JSON.parse(readFileSync(path, 'utf8')) as unknown, { v: 1, version: 7, slots });
+  t.equal(statSync(path).mode & 0o777, 0o640);
+  t.same(readdirSync(p.slots).filter((n) => n.startsWith('.')), [], 'no temp file left');
+  t.same([...(await manifestSlots(p))].sort(), slots);
+  const ino = statSync(path).ino;
+  t.equal(await writeManifest(p, new Set([...slots].reverse()), 8), false, 'the same ids: not written again');
+  t.equal(statSync(path).ino, ino);
+  t.same((await readSlots(p)).slots.map((s) => s.slot), slots, 'readers see every slot, empty');
+
   const elsewhere = join(tempDir('ac-slots-target-', t), 'x');
   writeFileSync(elsewhere, 'mine\n');
-  // Not in the listing apply passes (planted since): the rename replaces the link itself.
-  symlinkSync(elsewhere, slotPath(p, slots[1]!));
-  t.same(await ensureSlots(p, slots, new Set([slots[0]!])), { written: slots.slice(1), read: 0 });
+  rmSync(path);
+  symlinkSync(elsewhere, path);
+  t.same([...(await manifestSlots(p))], [], 'a symlinked manifest names no slot');
+  await t.rejects(writeManifest(p, new Set(slots.slice(1))), /symlink|not a regular/, 'atomicWrite refuses a symlink at the name');
   t.equal(readFileSync(elsewhere, 'utf8'), 'mine\n', 'the file behind the link untouched');
-  for (const s of slots) {
-    t.ok(lstatSync(slotPath(p, s)).isFile(), `${s}: a regular file`);
-    t.equal(statSync(slotPath(p, s)).mode & 0o777, 0o640);
-    t.strictSame(await readSlotFile(p, s), { slot: s, tokenId: null, expiresAt: null, generation: 0 });
-  }
-  t.same(readdirSync(p.slots).filter((n) => n.startsWith('.')), [], 'no temp file left');
-  t.same(await ensureSlots(p, slots, new Set(slots)), { written: [], read: 0 }, 'each known by its identity: none read again');
+  rmSync(path);
+  t.equal(await writeManifest(p, new Set(slots.slice(1))), true);
+  t.same([...(await manifestSlots(p))].sort(), slots.slice(1));
+  t.equal(await removeManifest(p), true);
+  t.same([...(await manifestSlots(p))], []);
+});
+
+t.test('slotInForce: a manifest id without a file is in force, empty; a file wins; neither is not in force', async (t) => {
+  const p = handoff();
+  await writeManifest(p, new Set(['instance:a', 'instance:b']));
+  t.strictSame(await slotInForce(p, 'instance:a'), { slot: 'instance:a', tokenId: null, expiresAt: null, generation: 0 });
+  const held: SlotFile = { slot: 'instance:b', tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 };
+  await writeSlotFile(p, held);
+  t.strictSame(await slotInForce(p, 'instance:b'), held, 'the file wins');
+  t.equal(await slotInForce(p, 'instance:c'), undefined);
+  // Rewritten by someone else (a new inode): read again, not the remembered ids.
+  const path = join(p.slots, SLOT_MANIFEST_FILE);
+  writeFileSync(`${path}.x`, slotManifestText(['instance:c']));
+  renameSync(`${path}.x`, path);
+  t.equal(await slotInForce(p, 'instance:a'), undefined, 'gone from the new manifest');
+  t.ok(await slotInForce(p, 'instance:c'));
+  writeFileSync(path, '{"v":1,"slots":["instance:c","instance:c"]}');
+  t.equal(await slotInForce(p, 'instance:c'), undefined, 'an invalid manifest (a duplicate id) names no slot');
 });
 
 t.test('ensureSlots: a new state reads only the slot files this process does not know unchanged', async (t) => {
   const p = handoff();
   const slots = Array.from({ length: 50 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
-  t.same(await ensureSlots(p, slots, new Set()), { written: slots, read: 0 }, 'all new: written, none read');
+  // Slots that hold a token: their files written by apply's inbox (known to this process).
+  for (const slot of slots) await writeSlotFile(p, { slot, tokenId: 'tid_0', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 });
   const all = new Set(slots);
   t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0 }, 'the next state (one gone): nothing read, nothing written');
 

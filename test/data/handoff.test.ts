@@ -1,4 +1,5 @@
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import {
@@ -9,10 +10,16 @@ import {
   inboxFileSchema,
   isBatchFileName,
   MAX_BATCH_ENTRIES,
+  MAX_MANIFEST_BYTES,
+  MAX_MANIFEST_SLOTS,
+  parseSlotManifest,
   readSlotFile,
   readSlots,
   slotFileName,
   slotFileSchema,
+  slotIdsInHandoff,
+  SLOT_MANIFEST_FILE,
+  slotManifestText,
   slotOfFileName,
   type HandoffPaths,
 } from '../../src/data/handoff.js';
@@ -218,4 +225,62 @@ t.test('inboxBatchSchema: the envelope only (entries checked one by one by apply
   t.notOk(inboxBatchSchema.safeParse({ v: 1, entries: [OK_BODY], extra: 1 }).success, 'an unknown key');
   t.notOk(inboxBatchSchema.safeParse({ v: 1, entries: Array.from({ length: MAX_BATCH_ENTRIES + 1 }, () => OK_BODY) }).success, 'past the entry bound');
   t.notOk(inboxBatchSchema.safeParse(OK_BODY).success, 'a per-slot body is not a batch');
+});
+
+t.test('the slot manifest: its name is never a slot file\'s; the union of its ids and the per-slot files, a file winning', async (t) => {
+  t.equal(slotOfFileName(SLOT_MANIFEST_FILE), undefined, 'never parsed as a slot file name');
+  const paths = handoffPaths(tempDir('ac-manifest-', t));
+  mkdirSync(paths.slots, { recursive: true });
+  const manifest = (slots: string[]): void => writeFileSync(join(paths.slots, SLOT_MANIFEST_FILE), slotManifestText(slots, 3));
+  // Manifest only.
+  manifest(['instance:a', 'cli:gh']);
+  t.strictSame(await readSlots(paths), { slots: [emptySlotFile('cli:gh'), emptySlotFile('instance:a')], errors: [] }, 'manifest only: empty slots');
+  // Both: a file wins over its entry; a file alone is a slot too.
+  const held = { slot: 'instance:a', tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 };
+  writeFileSync(join(paths.slots, slotFileName('instance:a')), JSON.stringify(held));
+  writeFileSync(join(paths.slots, slotFileName('instance:b')), JSON.stringify(emptySlotFile('instance:b')));
+  t.strictSame((await readSlots(paths)).slots, [emptySlotFile('cli:gh'), held, emptySlotFile('instance:b')], 'both: the file wins');
+  t.strictSame([...(await slotIdsInHandoff(paths)).ids].sort(), ['cli:gh', 'instance:a', 'instance:b']);
+  // Files only.
+  rmSync(join(paths.slots, SLOT_MANIFEST_FILE));
+  t.strictSame((await readSlots(paths)).slots, [held, emptySlotFile('instance:b')], 'files only');
+  // An invalid file named in the manifest: the file wins, as an error.
+  manifest(['instance:c']);
+  writeFileSync(join(paths.slots, slotFileName('instance:c')), '{nope');
+  const r = await readSlots(paths);
+  t.notOk(r.slots.some((s) => s.slot === 'instance:c'), 'an invalid file is no slot, whatever the manifest says');
+  t.same(r.errors.map((e) => e.file), [slotFileName('instance:c')]);
+});
+
+t.test('the slot manifest is hostile input: bad, huge, symlinked, a FIFO, a duplicate id → a clear error, the files still read', async (t) => {
+  const paths = handoffPaths(tempDir('ac-manifest-bad-', t));
+  mkdirSync(paths.slots, { recursive: true });
+  const path = join(paths.slots, SLOT_MANIFEST_FILE);
+  writeFileSync(join(paths.slots, slotFileName('instance:b')), JSON.stringify(emptySlotFile('instance:b')));
+  const check = async (what: string, error: RegExp): Promise<void> => {
+    const r = await readSlots(paths);
+    t.same(r.slots.map((s) => s.slot), ['instance:b'], `${what}: the files still read`);
+    t.equal(r.errors.length, 1, `${what}: one error`);
+    t.equal(r.errors[0]?.file, SLOT_MANIFEST_FILE);
+    t.match(r.errors[0]?.error, error, `${what}: says why`);
+    t.equal((await slotIdsInHandoff(paths)).manifest, 'invalid');
+  };
+  writeFileSync(path, '{"v":1,"slots":["instance:a","../x"]}');
+  await check('a bad id', /slot/);
+  writeFileSync(path, '{"v":2,"slots":[]}');
+  await check('another version', /v/);
+  writeFileSync(path, '{"v":1,"slots":["instance:a","instance:a"]}');
+  await check('a duplicate id', /duplicate/);
+  writeFileSync(path, 'x'.repeat(MAX_MANIFEST_BYTES + 1));
+  await check('huge', /larger than/);
+  rmSync(path);
+  const target = join(tempDir('ac-manifest-target-', t), 'm');
+  writeFileSync(target, slotManifestText(['instance:a']));
+  symlinkSync(target, path);
+  await check('a symlink', /symlink/);
+  rmSync(path);
+  execFileSync('mkfifo', [path]);
+  await check('a FIFO', /not a regular file/);
+  t.ok(parseSlotManifest(slotManifestText(['instance:a'])).ok);
+  t.strictSame(parseSlotManifest(JSON.stringify({ v: 1, slots: Array.from({ length: MAX_MANIFEST_SLOTS + 1 }, (_, i) => `instance:i${i}`) })).ok, false, 'more ids than the bound');
 });

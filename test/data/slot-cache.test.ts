@@ -1,7 +1,7 @@
 import { chmodSync, mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { emptySlotFile, handoffPaths, slotFileName } from '../../src/data/handoff.js';
+import { emptySlotFile, handoffPaths, SLOT_MANIFEST_FILE, slotFileName, slotManifestText } from '../../src/data/handoff.js';
 import { SlotCache } from '../../src/data/slot-cache.js';
 import { watchDir } from '../../src/fs/dir-watch.js';
 import { tempDir } from '../support/temp-dir.js';
@@ -147,13 +147,13 @@ t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only t
   settle();
   const first = await cache.changes(0);
   t.equal(first.updated.length, 3, 'the first call reads every file');
-  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 });
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3, manifestReads: 0 });
 
   // An edit in place moves no entry: the directory looks unchanged and nothing is read.
   writeFileSync(join(paths.slots, slotFileName('instance:b')), JSON.stringify({ ...emptySlotFile('instance:b'), tokenId: 'tok_inplace', expiresAt: '2030-01-01T00:00:00.000Z' }));
   const quiet = await cache.changes(60_000);
   t.strictSame(quiet, { full: false, updated: [], removed: [] }, 'a periodic check of an unchanged directory says nothing changed');
-  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3 }, 'and reads nothing');
+  t.strictSame(cache.stats, { rescans: 1, rescanReads: 3, manifestReads: 0 }, 'and reads nothing');
 
   // A file renamed in and one removed move the directory's mtime: the next check rescans,
   // reading the new file alone (the others' identity is as read).
@@ -165,7 +165,7 @@ t.test('SlotCache: at rest a periodic check reads nothing; a rescan reads only t
   t.equal(rescan.full, true, 'the directory changed: a rescan');
   t.strictSame(rescan.updated.map((e) => e.slot).sort(), ['instance:b', 'instance:c', 'instance:d'], 'a rescan says every slot there is');
   t.strictSame(rescan.removed, ['instance:a'], 'and which went');
-  t.strictSame(cache.stats, { rescans: 2, rescanReads: 5 }, 'one more rescan, reading the new file and the one edited in place (its size differs)');
+  t.strictSame(cache.stats, { rescans: 2, rescanReads: 5, manifestReads: 0 }, 'one more rescan, reading the new file and the one edited in place (its size differs)');
   const b = rescan.updated.find((e) => e.slot === 'instance:b');
   t.equal(b && !('error' in b) ? b.tokenId : undefined, 'tok_inplace', 'the edit in place is read at the rescan');
 
@@ -211,4 +211,63 @@ t.test('SlotCache: after a burst of names it rescans within seconds, finding fil
   t.equal((await cache.current(6_000)).slots.length, 1_300, 'the rescan finds every file no event reported');
   t.equal(cache.stats.rescans, rescans + 1);
   t.equal(cache.nextCheckIn(6_000), 60_000, 'and the count starts again: the next check is the periodic one, from this rescan');
+});
+
+t.test('SlotCache: the manifest is read once per change of it; its ids without a file are empty slots; a file wins; a shared cache serves changes() and current()', async (t) => {
+  const { paths, write } = setup();
+  const manifestPath = join(paths.slots, SLOT_MANIFEST_FILE);
+  const manifest = (slots: string[]): void => {
+    writeFileSync(`${manifestPath}.tmp`, slotManifestText(slots));
+    renameSync(`${manifestPath}.tmp`, manifestPath);
+  };
+  const many = Array.from({ length: 10_000 }, (_, i) => `instance:m${String(i).padStart(5, '0')}`);
+  manifest(many);
+  write('instance:m00000', { ...emptySlotFile('instance:m00000'), tokenId: 'tok_0', expiresAt: '2030-01-01T00:00:00.000Z' });
+  const cache = new SlotCache(paths, 60_000);
+  const first = await cache.changes(0);
+  t.equal(first.updated.length, 10_000, 'every slot, from one manifest and one file');
+  t.equal(cache.stats.manifestReads, 1);
+  const m0 = first.updated.find((e) => e.slot === 'instance:m00000');
+  t.equal(m0 && !('error' in m0) ? m0.tokenId : undefined, 'tok_0', 'the file wins over its manifest entry');
+
+  // A new state: one more id, two fewer (one of them holding a file, which keeps it a slot).
+  manifest([...many.slice(2), 'cli:new']);
+  cache.changed(SLOT_MANIFEST_FILE);
+  cache.changed(SLOT_MANIFEST_FILE);
+  const listing = await cache.current(1);
+  t.equal(listing.slots.length, 9_999 + 1, 'current(): the union (m00000 kept by its file)');
+  t.equal(cache.stats.manifestReads, 2, 'read once for two events');
+  const next = await cache.changes(2);
+  t.strictSame(next, { full: false, updated: [emptySlotFile('cli:new')], removed: ['instance:m00001'] }, 'changes() after a current(): what changed, not lost to the other reader');
+  t.strictSame(await cache.changes(3), { full: false, updated: [], removed: [] });
+
+  // The retirement of a slot with a file: the manifest first (still a slot), then the file (gone).
+  t.equal(await cache.exists('instance:m00000'), true, 'its file is there');
+  rmSync(join(paths.slots, slotFileName('instance:m00000')));
+  cache.changed(slotFileName('instance:m00000'));
+  t.strictSame((await cache.changes(4)).removed, ['instance:m00000']);
+  t.equal(await cache.exists('instance:m00000'), false);
+  manifest(['cli:new']);
+  cache.changed(SLOT_MANIFEST_FILE);
+  t.equal(await cache.exists('instance:m00005'), false, 'exists() reads a manifest reported changed');
+  t.equal(await cache.exists('cli:new'), true);
+  t.equal((await cache.changes(5)).removed.length, 9_998, 'and changes() still says what went');
+
+  // A planted, invalid manifest: no ids, an error; the files still read.
+  write('instance:f');
+  writeFileSync(manifestPath, '{"v":1,"slots":"nope"}');
+  cache.changed(SLOT_MANIFEST_FILE);
+  cache.changed(slotFileName('instance:f'));
+  const bad = await cache.current(6);
+  t.same(bad.slots.map((s) => s.slot), ['instance:f']);
+  t.same(bad.errors.map((e) => e.file), [SLOT_MANIFEST_FILE]);
+  rmSync(manifestPath);
+  symlinkSync(join(paths.slots, slotFileName('instance:f')), manifestPath);
+  cache.changed(SLOT_MANIFEST_FILE);
+  t.match((await cache.current(7)).errors, [{ file: SLOT_MANIFEST_FILE, error: /symlink/ }]);
+  // A rescan finds a manifest whose event was lost.
+  rmSync(manifestPath);
+  manifest(['cli:late']);
+  cache.changed();
+  t.same((await cache.current(8)).slots.map((s) => s.slot).sort(), ['cli:late', 'instance:f']);
 });

@@ -1,4 +1,3 @@
-import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { FetchIncompleteError } from '../../errors.js';
 import { checkWritableDir, sweepStaleTemps } from '../../fs/atomic-write.js';
@@ -11,7 +10,7 @@ import type { Service } from '../../service/service.js';
 import { RenewalState } from './renewal-state.js';
 import { renewSlot, type RenewDeps, type RenewOutcome } from './renew-slot.js';
 import type { HostCredential } from '../host-credential.js';
-import { handoffPaths, slotFileName, slotOfFileName, type SlotFile } from '../../data/handoff.js';
+import { handoffPaths, SLOT_MANIFEST_FILE, slotIdsInHandoff, slotOfFileName, type SlotFile } from '../../data/handoff.js';
 import {
   afterCredentialChange,
   decide,
@@ -84,7 +83,7 @@ function logDecision(log: Logger, slot: string, outcome: RenewOutcome, decision:
  * the whole link, and a 401 elsewhere halts renewal); it never sees a token file, only the
  * hand-off directory and its private state.
  */
-export function createRenewalService(config: RenewalConfig, credential: HostCredential, hooks: { onPruned?: () => void } = {}): Service {
+export function createRenewalService(config: RenewalConfig, credential: HostCredential, hooks: { onPruned?: () => void; slotCache?: SlotCache } = {}): Service {
   return {
     name: 'link-renewal',
     async run({ signal, log, notifier, onReload }) {
@@ -115,8 +114,9 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         if (st.settled) unsettledSlots.delete(slot);
         else unsettledSlots.add(slot);
       };
-      // Slot files re-read only where the watcher saw a change (full rescan at least every maxSleepMs).
-      const slotCache = new SlotCache(paths, config.maxSleepMs);
+      // Slot files re-read only where the watcher saw a change (full rescan at least every
+      // maxSleepMs); the link's one cache, shared with presence (link.ts), when given.
+      const slotCache = hooks.slotCache ?? new SlotCache(paths, config.maxSleepMs);
       /**
        * Every slot file as last read (valid or not): one gone since was retired (SPEC §8
        * reconcile). Fed by the cache's changes, so a wake costs what changed, not every slot.
@@ -143,11 +143,14 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       let unsettled = 0;
       let unusableLogged = false;
 
-      // A record whose slot file is gone was retired while no link ran (a host revocation,
-      // unenroll): kept, the slot created again would look already delivered and wait out
-      // the old token's schedule. Pruned before the state poll starts (`onPruned`), which
-      // is what can bring the slot back.
-      for (const slot of await state.recorded()) if (!existsSync(join(paths.slots, slotFileName(slot)))) await state.forget(slot);
+      // A record whose slot is gone (no file, not in the manifest) was retired while no link
+      // ran (a host revocation, unenroll): kept, the slot created again would look already
+      // delivered and wait out the old token's schedule. Pruned before the state poll starts
+      // (`onPruned`), which is what can bring the slot back. A manifest that cannot be read
+      // says nothing of its slots: nothing is pruned then (a forgotten record only costs a
+      // renewal, but not 10 000 of them).
+      const known = await slotIdsInHandoff(paths);
+      if (known.manifest !== 'invalid') for (const slot of await state.recorded()) if (!known.ids.has(slot)) await state.forget(slot);
       hooks.onPruned?.();
       // A resume after a halt (of any part of the link): the failures' backoff was possibly
       // the refused credential's doing, so it is forgotten.
@@ -294,7 +297,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
             // Only valid, unrevoked slots are queued (reschedule), and `slots` changes only above.
             if (slot === undefined || 'error' in slot) continue;
             if (!(await pool.acquire(signal))) break;
-            if (halted !== undefined || failure || !existsSync(join(paths.slots, slotFileName(id)))) {
+            if (halted !== undefined || failure || !(await slotCache.exists(id))) {
               // Halted, failed or retired while this slot waited for its place.
               pool.release({ overloaded: false, latencyMs: 0 });
               if (halted !== undefined || failure) break;
@@ -378,9 +381,18 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
             slotCache.changed(name);
             // A slot retired (its binding disconnected, the host revoked) while its renewal is
             // in flight: the answer would only be dropped by apply, so the request is cut now.
+            // Retired means no file and not in the manifest: a change of the manifest checks
+            // every renewal in flight (at most the pool's size), a slot file's only its own.
             const slot = name === undefined ? undefined : slotOfFileName(name);
-            const cut = slot === undefined ? undefined : inFlight.get(slot);
-            if (cut && slot !== undefined && !existsSync(join(paths.slots, slotFileName(slot)))) cut.abort();
+            const check = name === SLOT_MANIFEST_FILE ? [...inFlight.keys()] : slot !== undefined && inFlight.has(slot) ? [slot] : [];
+            for (const id of check) {
+              void slotCache.exists(id).then(
+                (there) => {
+                  if (!there) inFlight.get(id)?.abort();
+                },
+                () => undefined,
+              );
+            }
             wakeLoop?.();
           },
           (err) => log.warn({ err: { message: err.message } }, 'watching slots/ failed; falling back to periodic scans'),
