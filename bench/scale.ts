@@ -27,9 +27,9 @@ import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
-import { appliedVersion, machine, okUpstream, scratchHost, startPart, until, type Part } from './link.js';
+import { appliedVersion, machine, okUpstream, peakRssBytes, scratchHost, startPart, until, type Part } from './link.js';
 import { DEFAULT_CLI } from './lib/paths.js';
-import { cpuMicros, freePort, rssBytes, sleep, waitForJsonLine, waitForPort } from './lib/proc.js';
+import { cpuMicros, freePort, partNodeFlags, rssBytes, sleep, waitForJsonLine, waitForPort } from './lib/proc.js';
 
 const HOST_ID = 'bench-host';
 const MiB = 1024 * 1024;
@@ -86,6 +86,12 @@ export interface ScaleRun {
    * state, each costing about this (docs/scale.md, "Idle").
    */
   renewals: { count: number; linkCpuMsPer: number; applyCpuMsPer: number } | null;
+  /**
+   * Each part's highest RSS from its start to every token held (VmHWM): the state's
+   * arrival and the renewals' burst, where the link and apply peak (docs/scale.md, "The
+   * burst's peak").
+   */
+  burstPeakRssMiB?: Record<PartName, number>;
 }
 
 export interface DisconnectRun {
@@ -150,8 +156,10 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
   try {
     const fwdPort = await freePort();
     const cliPort = await freePort();
+    // Each part with the node flags its unit runs it with (this build's), then any asked for.
+    const shipped = new Map(await Promise.all(PART_NAMES.map(async (p) => [p, await partNodeFlags(o.cli, p)] as const)));
     const start = (name: PartName, args: string[]): Part => {
-      const extra = o.nodeFlags?.[name] ?? [];
+      const extra = [...(shipped.get(name) ?? []), ...(o.nodeFlags?.[name] ?? [])];
       // startPart runs `node <first> <rest…>`: node's own flags go first.
       const [first, ...rest] = [...extra, o.cli, ...args] as [string, ...string[]];
       const part = startPart(first, dir, name, rest);
@@ -259,6 +267,8 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     } catch {
       log(`  ${tokens()}/${n + providers} tokens after ${o.tokensTimeoutMs / 1000} s; idle measured while renewing`);
     }
+    const burstPeakRssMiB = Object.fromEntries(PART_NAMES.map((p) => [p, Math.round((peakRssBytes(part(p).pid) / MiB) * 10) / 10])) as Record<PartName, number>;
+    log(`  peak RSS MiB until every token: ${PART_NAMES.map((p) => burstPeakRssMiB[p]).join(' / ')}`);
     // The last tokens' hand-off settled (apply's inbox, presence's report of the change).
     await sleep(o.idleAfterMs);
     const idleLoad = Math.round((loadavg()[0] ?? 0) * 100) / 100;
@@ -286,6 +296,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
       ...(busy && quiet ? { disconnect: { busy, quiet } } : {}),
       idle: { seconds: Math.round(elapsed / 100) / 10, renewing: allTokensMs === null, loadavg1: idleLoad, cpuPercent, rssMiB },
       renewals,
+      burstPeakRssMiB,
     };
   } finally {
     for (const p of [...parts.values()].reverse()) await p.stop();

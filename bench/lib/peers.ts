@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startNginx } from './nginx.js';
 import { FLOOR_PROXY_JS } from './paths.js';
-import { freePort, NOFILE, spawnTracked, stopChild, waitForPort } from './proc.js';
+import { freePort, NOFILE, partNodeFlags, spawnTracked, stopChild, waitForPort } from './proc.js';
 
 export const ALL_PEERS = ['direct', 'nginx', 'node-floor', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
 /** Peers run only when asked for: `forwarder-base` is another build's forwarder (`--base-cli`). */
@@ -140,7 +140,8 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
         writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
         args.push('--token-file', tokenFile);
       }
-      const proc = await startNode(opts, dir, args, {}, FLOOR_PROXY_JS);
+      // The floor runs with the forwarder's node flags: it is the forwarder's path without our code.
+      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'forwarder')), ...(opts.nodeArgs ?? [])] }, dir, args, {}, FLOOR_PROXY_JS);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => endpointPath(endpoints, e));
     }
     case 'forwarder':
@@ -157,7 +158,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       const level = name === 'forwarder-warn' ? 'warn' : 'info';
       if (name === 'forwarder-base' && opts.baseCli === undefined) throw new Error('forwarder-base needs --base-cli');
       const cli = name === 'forwarder-base' ? (opts.baseCli as string) : opts.cli;
-      const proc = await startNode({ ...opts, cli }, dir, ['forwarder', '--state-dir', dir, '--log-level', level, ...(opts.extraArgs ?? [])]);
+      const proc = await startNode({ ...opts, cli, nodeArgs: [...(await partNodeFlags(cli, 'forwarder')), ...(opts.nodeArgs ?? [])] }, dir, ['forwarder', '--state-dir', dir, '--log-level', level, ...(opts.extraArgs ?? [])]);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => {
         endpointPath(endpoints, e);
         return `/i/${bindingIdFor(e)}/mcp`;
@@ -170,7 +171,7 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
       const catalog = { bench: { upstream: up, tokenFile, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' } } };
       writeFileSync(join(cdir, 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
-      const proc = await startNode(opts, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...(opts.extraArgs ?? [])]);
+      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'cli-proxy')), ...(opts.nodeArgs ?? [])] }, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...(opts.extraArgs ?? [])]);
       return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`);
     }
   }

@@ -5,6 +5,9 @@
 import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { connect, createServer, type AddressInfo } from 'node:net';
+import { dirname, join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import type { PartName } from '../../src/data/package-parts.js';
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -91,6 +94,21 @@ export function spawnTracked(cmd: string, args: string[], opts: SpawnOptions & {
       ? spawn('prlimit', [`--nofile=${want}:${hard === Number.MAX_SAFE_INTEGER ? 'unlimited' : hard}`, '--', cmd, ...args], rest)
       : spawn(cmd, args, rest);
   return track(child);
+}
+
+/**
+ * Node's flags for `part` as the build of `cli` (a `dist/cli.js`) ships them in its units:
+ * its own `PART_NODE_FLAGS`, read from that build, so a before/after pair (`--base-cli`,
+ * `BENCH_CLI`) runs each build the way it is installed. A build from before the list
+ * (none there) ran with none. `BENCH_NO_NODE_FLAGS=1` drops them (a with/without pair of
+ * one build).
+ */
+export async function partNodeFlags(cli: string, part: PartName): Promise<string[]> {
+  if (process.env.BENCH_NO_NODE_FLAGS === '1') return [];
+  const file = join(dirname(cli), 'data', 'package-parts.js');
+  if (!existsSync(file)) return [];
+  const mod = (await import(pathToFileURL(file).href)) as { PART_NODE_FLAGS?: Partial<Record<string, readonly string[]>> };
+  return [...(mod.PART_NODE_FLAGS?.[part] ?? [])];
 }
 
 export async function stopChild(child: ChildProcess, signal: NodeJS.Signals = 'SIGTERM', graceMs = 5_000): Promise<void> {

@@ -5,6 +5,7 @@ import { CLI, REPO_ROOT } from '../support/cli-proc.js';
 import { exposureScore, run, systemdVersion, VERIFY_UNITS, verifySkipReason } from '../support/lab.js';
 import { tempDir } from '../support/temp-dir.js';
 import { renderUnit } from '../../src/install/install.js';
+import { PART_NAMES, PART_NODE_FLAGS, PART_UNITS } from '../../src/data/package-parts.js';
 import { unlessMissing } from '../tools/prerequisite.js';
 
 /**
@@ -134,6 +135,41 @@ t.test('every service sets MemoryMax=, LimitNOFILE= and TasksMax=, as docs/units
     }
     const stem = name.replace(/^agent-connectors-/, '').replace(/\.service$/, '');
     t.same(set, documented.get(stem) ?? {}, `${name}: the values docs/units.md's "Resource limits" table gives`);
+  }
+});
+
+/** A unit's ExecStart= words: node, its own flags, the CLI, the CLI's arguments. */
+function execStart(text: string): { node: string; nodeFlags: string[]; cli: string; args: string[] } | undefined {
+  const words = /^ExecStart=(.+)$/m.exec(text)?.[1]?.split(/\s+/);
+  const cliAt = words?.findIndex((w) => w.endsWith('/dist/cli.js')) ?? -1;
+  if (!words || cliAt < 1) return undefined;
+  return { node: words[0] as string, nodeFlags: words.slice(1, cliAt), cli: words[cliAt] as string, args: words.slice(cliAt + 1) };
+}
+
+t.test("each part's unit runs node with the flags PART_NODE_FLAGS gives it, and no other", async (t) => {
+  t.same(Object.values(PART_UNITS).sort(), SERVICES, 'every service is a part, every part a service');
+  for (const part of PART_NAMES) {
+    const unit = PART_UNITS[part];
+    const exec = execStart(readFileSync(join(UNITS, unit), 'utf8'));
+    t.ok(exec, `${unit}: ExecStart=@NODE@ [flags] @LIBDIR@/dist/cli.js …`);
+    if (!exec) continue;
+    t.equal(exec.node, '@NODE@', `${unit}: runs @NODE@`);
+    t.equal(exec.cli, '@LIBDIR@/dist/cli.js', `${unit}: runs the package's CLI`);
+    t.same(exec.nodeFlags, PART_NODE_FLAGS[part], `${unit}: node's flags are PART_NODE_FLAGS.${part}`);
+    t.ok(
+      exec.nodeFlags.every((f) => /^--[a-z0-9-]+(=[A-Za-z0-9._-]+)?$/.test(f)),
+      `${unit}: each flag is one plain --name[=value] word (systemd splits ExecStart= on spaces)`,
+    );
+  }
+});
+
+t.test('the rendered units carry the node flags between the node binary and the CLI', async (t) => {
+  const libDir = '/usr/lib/agent-connectors';
+  const node = '/usr/lib/agent-connectors/node/bin/node';
+  for (const part of PART_NAMES) {
+    const rendered = renderUnit(readFileSync(join(UNITS, PART_UNITS[part]), 'utf8'), libDir, node);
+    const exec = execStart(rendered);
+    t.same(exec && [exec.node, ...exec.nodeFlags, exec.cli], [node, ...PART_NODE_FLAGS[part], `${libDir}/dist/cli.js`], `${PART_UNITS[part]} rendered`);
   }
 });
 
