@@ -57,6 +57,11 @@ export interface McpBenchOptions {
   cli: string;
   /** Another build's dist/cli.js: its forwarder joins the run as `forwarder-base`. */
   baseCli?: string | undefined;
+  /**
+   * The proxies run with the peer check (`--allowed-uids` of the bench's own UID), as the
+   * units always do: each connection's UID asked of the kernel, the per-UID limits read.
+   */
+  peerCheck?: boolean | undefined;
   out: string | undefined;
 }
 
@@ -71,6 +76,8 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-framings LIST    (with --mcp) subset of ${FRAMINGS.join(',')} (default both)
   --mcp-base-cli FILE    (with --mcp) another build's dist/cli.js: its forwarder runs beside this
                          one as peer forwarder-base (a change measured before/after in one run)
+  --mcp-peer-check       (with --mcp) the forwarder(s) and the cli-proxy check each connection's
+                         peer (--allowed-uids of this UID), as the units do
   --install-peers        only install the pinned npm peers (${Object.entries(NPM_PEERS)
     .map(([n, v]) => `${n}@${v}`)
     .join(', ')}) into the cache, then exit`;
@@ -102,6 +109,7 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     framings,
     cli: value('cli') ?? DEFAULT_CLI,
     baseCli: baseCli && resolve(baseCli),
+    peerCheck: argv.includes('--mcp-peer-check'),
     out: value('out'),
   };
 }
@@ -171,6 +179,7 @@ async function startRoutes(
   log: (s: string) => void,
   profDir: string | undefined,
   framings: readonly Framing[] = FRAMINGS,
+  peerCheck = false,
 ): Promise<{ routes: Route[]; stop: () => Promise<void> }> {
   const routes: Route[] = [];
   const stops: (() => Promise<void>)[] = [];
@@ -208,6 +217,7 @@ async function startRoutes(
             endpoints: { sse: '/sse', json: '/json' },
             workDir: work,
             floorReadsToken: true,
+            extraArgs: peerCheck && name !== 'node-floor' ? ['--allowed-uids', String(process.getuid?.() ?? 0)] : undefined,
             // The floor is profiled too (the same profiler overhead on both), to compare them function by function.
             nodeArgs:
               (name === 'forwarder' || name === 'node-floor') && profDir
@@ -534,7 +544,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
     const profDir = opts.profile ? join(work, 'prof') : undefined;
     if (profDir) for (const p of ['forwarder', 'node-floor']) mkdirSync(join(profDir, p), { recursive: true });
-    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings);
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings, opts.peerCheck);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);

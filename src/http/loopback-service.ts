@@ -13,7 +13,7 @@ import { hookEnabled } from '../service/test-hooks.js';
 import { createUpstreamAgent, type UpstreamOptions } from './upstream-agent.js';
 import { UpstreamGuard } from './upstream-guard.js';
 import type { ListenAddress } from './loopback.js';
-import type { Admission, PipelineDeps, RequestObserver } from './request-pipeline.js';
+import type { Admission, KnownPeer, PipelineDeps, RequestObserver } from './request-pipeline.js';
 import { closeGracefully, createLoopbackServer, InFlight, listen, refuseConnection } from './server.js';
 import { PeerLimits, resolvePeerLimits, UNKNOWN_PEER, type PeerLimitFlags } from './peer-limits.js';
 import { SideListeners } from './side-listeners.js';
@@ -156,6 +156,10 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const readUids = checked || spec.peerUids === true;
   const uidOf = new WeakMap<Socket, Promise<number | undefined>>();
   const peerUidOf = readUids ? (req: IncomingMessage): Promise<number | undefined> => uidOf.get(req.socket) ?? Promise.resolve(undefined) : undefined;
+  // Both answers once in, set after the limits have counted the connection (and refused it
+  // if over): a request that finds it needs to wait for nothing.
+  const known = new WeakMap<Socket, KnownPeer>();
+  const peerKnown = readUids ? (req: IncomingMessage): KnownPeer | undefined => known.get(req.socket) : undefined;
   const own = process.getuid?.();
   const resolved = resolvePeerLimits(spec.limits ?? {});
   const limits = new PeerLimits(resolved, new Set([0, ...(own === undefined ? [] : [own])]));
@@ -178,12 +182,13 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
   const admit = (req: IncomingMessage, res: ServerResponse): Admission | Promise<Admission> => {
     if (refused.has(req.socket)) return 'answered';
     if (!readUids) return undefined;
-    return admitByUid(req, res);
+    const peer = known.get(req.socket);
+    return peer ? limits.request(peer.uid ?? UNKNOWN_PEER, res) : admitByUid(req, res);
   };
   // Created before the server so the handler can ask it; it binds only once the main port is up.
   let side: SideListeners | undefined;
   const sidePort = (socket: Socket): number | undefined => side?.portOf(socket);
-  const deps = { config, agent: r.agent, log, inflight, port: () => self.port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, observer: spec.observer, admit };
+  const deps = { config, agent: r.agent, log, inflight, port: () => self.port, stopping: () => stopping, peerAllowed, peerUid: peerUidOf, peerKnown, observer: spec.observer, admit };
   const server = createLoopbackServer(spec.handler({ ...deps, sidePort }));
   const tunnels = spec.connect?.({
     ...deps,
@@ -193,6 +198,8 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
       if (decision) allowed.set(inner, decision);
       const uid = uidOf.get(outer);
       if (uid) uidOf.set(inner, uid);
+      const peer = known.get(outer);
+      if (peer) known.set(inner, peer);
     },
   });
   if (tunnels) {
@@ -243,12 +250,14 @@ async function serve<T>(spec: LoopbackServiceSpec<T>, r: Running<T>): Promise<vo
           warned.add(key);
           refuse(socket, gate);
         }
+        if (!peers) known.set(socket, { allowed: true, uid: u });
       });
       if (!peers) return;
       const decision = uid.then(async (uid) => {
         const ok = uid !== undefined && (await peers.allows(uid));
         // A client already gone has no entry left to find; nothing to refuse or report.
         if (!ok && !socket.destroyed && !(uid === undefined && self.overloaded)) log.warn({ uid: uid ?? null }, 'connection from a UID not allowed (agent users, --allowed-uids)');
+        known.set(socket, { allowed: ok, uid });
         return ok;
       });
       allowed.set(socket, decision);

@@ -41,6 +41,13 @@ export interface PipelineDeps {
   peerAllowed?: ((req: IncomingMessage) => Promise<boolean>) | undefined;
   /** With `peerUids` or `allowedUids` set: the UID of this connection's peer (read once per connection). */
   peerUid?: ((req: IncomingMessage) => Promise<number | undefined>) | undefined;
+  /**
+   * The connection's peer once both answers above are in (undefined until then): every
+   * later request on the connection reads them without waiting. A keep-alive agent sends
+   * all its calls on a few connections, so in the units (which always check the peer) this
+   * is nearly every request.
+   */
+  peerKnown?: ((req: IncomingMessage) => KnownPeer | undefined) | undefined;
   observer?: RequestObserver | undefined;
   /**
    * The per-UID and process limits (src/http/peer-limits.ts): nothing, the refusal to
@@ -51,6 +58,12 @@ export interface PipelineDeps {
 
 /** The limits' word on a request: nothing, its refusal, or 'answered' (the connection was refused). */
 export type Admission = AppError | 'answered' | undefined;
+
+/** What the peer check said of a connection: whether it may be served, and its UID (undefined: unknown). */
+export interface KnownPeer {
+  allowed: boolean;
+  uid: number | undefined;
+}
 
 /**
  * What a part's metrics see of its requests (src/metrics implements it; the pipeline only
@@ -83,6 +96,81 @@ export interface FrontChecks {
 export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, front?: FrontChecks): (req: IncomingMessage, res: ServerResponse) => void {
   const { log } = deps;
   const access = accessLogFor(log);
+  /**
+   * Who may be served, then the limits, then Host and Origin, then the route: the same
+   * order on both paths below. Synchronous where every answer is known (no microtask turn,
+   * no promise of its own), waiting only where the connection's peer is still being asked.
+   */
+  const admitted = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, allowed: boolean, uid: number | undefined): Promise<void> | undefined => {
+    if (uid !== undefined) rec.peerUid = uid;
+    const admission = deps.admit?.(req, res);
+    return admission instanceof Promise ? admission.then((gate) => checked(req, res, rec, allowed, gate)) : checked(req, res, rec, allowed, admission);
+  };
+  const checked = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, allowed: boolean, gate: Admission): Promise<void> | undefined => {
+    if (gate === 'answered') {
+      rec.outcome = 'connection_refused';
+      res.destroy();
+      return undefined;
+    }
+    if (!allowed) {
+      res.shouldKeepAlive = false;
+      throw new AppError('forbidden_peer');
+    }
+    if (gate) throw gate;
+    if (front) {
+      const host = front.hostCheck(req);
+      if (!host.ok) {
+        rec.refused = host.reason;
+        throw new AppError('forbidden_host', front.hostRefusal);
+      }
+      return route(req, res, rec);
+    }
+    // The reason goes into the access line (the operator's), never into the answer.
+    const host = checkHost(req.headers.host, deps.sidePort?.(req.socket) ?? deps.port());
+    if (!host.ok) {
+      rec.refused = host.reason;
+      throw new AppError('forbidden_host');
+    }
+    const origin = checkOrigin(firstValue(req.headers.origin));
+    if (!origin.ok) {
+      rec.refused = origin.reason;
+      throw new AppError('forbidden_origin');
+    }
+    // Returned, not awaited: a stream can stay open for hours, and a suspended frame here
+    // would hold the request's state for as long (docs/performance.md, idle streams).
+    return route(req, res, rec);
+  };
+  /** The first request of a connection whose peer is still being asked. */
+  const waitForPeer = async (req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> => {
+    const allowed = deps.peerAllowed ? await deps.peerAllowed(req) : true;
+    // Whose call this is, for the access line and the metrics' per-agent share of tool labels.
+    const uid = deps.peerUid ? await deps.peerUid(req) : undefined;
+    return admitted(req, res, rec, allowed, uid);
+  };
+  const start = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord): Promise<void> | undefined => {
+    if (deps.stopping()) {
+      res.shouldKeepAlive = false;
+      throw new AppError('service_unavailable');
+    }
+    if (deps.peerAllowed || deps.peerUid) {
+      const known = deps.peerKnown?.(req);
+      return known ? admitted(req, res, rec, known.allowed, known.uid) : waitForPeer(req, res, rec);
+    }
+    return admitted(req, res, rec, true, undefined);
+  };
+  const fail = (req: IncomingMessage, res: ServerResponse, rec: AccessRecord, err: unknown): void => {
+    if (err instanceof ClientGoneError) {
+      rec.outcome = 'client_closed';
+      res.destroy();
+      return;
+    }
+    const appErr = toAppError(err);
+    if (appErr.code === 'internal_error') {
+      log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
+    }
+    rec.outcome = appErr.code;
+    sendError(res, appErr);
+  };
   return (req, res) => {
     // A double, not a bigint: no heap number per request.
     const started = performance.now();
@@ -102,66 +190,14 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
       }
     });
     deps.inflight.enter(res);
-
-    const run = async (): Promise<void> => {
-      if (deps.stopping()) {
-        res.shouldKeepAlive = false;
-        throw new AppError('service_unavailable');
-      }
-      // Awaited only where there is something to wait for: each await is a turn of the
-      // microtask queue on every request.
-      const allowed = deps.peerAllowed ? await deps.peerAllowed(req) : true;
-      // Whose call this is, for the access line and the metrics' per-agent share of tool labels.
-      const uid = deps.peerUid ? await deps.peerUid(req) : undefined;
-      if (uid !== undefined) rec.peerUid = uid;
-      const admission = deps.admit?.(req, res);
-      const gate = admission instanceof Promise ? await admission : admission;
-      if (gate === 'answered') {
-        rec.outcome = 'connection_refused';
-        res.destroy();
-        return;
-      }
-      if (!allowed) {
-        res.shouldKeepAlive = false;
-        throw new AppError('forbidden_peer');
-      }
-      if (gate) throw gate;
-      if (front) {
-        const host = front.hostCheck(req);
-        if (!host.ok) {
-          rec.refused = host.reason;
-          throw new AppError('forbidden_host', front.hostRefusal);
-        }
-        return route(req, res, rec);
-      }
-      // The reason goes into the access line (the operator's), never into the answer.
-      const host = checkHost(req.headers.host, deps.sidePort?.(req.socket) ?? deps.port());
-      if (!host.ok) {
-        rec.refused = host.reason;
-        throw new AppError('forbidden_host');
-      }
-      const origin = checkOrigin(firstValue(req.headers.origin));
-      if (!origin.ok) {
-        rec.refused = origin.reason;
-        throw new AppError('forbidden_origin');
-      }
-      // Returned, not awaited: a stream can stay open for hours, and a suspended frame here
-      // would hold the request's state for as long (docs/performance.md, idle streams).
-      return route(req, res, rec);
-    };
-    run().catch((err: unknown) => {
-      if (err instanceof ClientGoneError) {
-        rec.outcome = 'client_closed';
-        res.destroy();
-        return;
-      }
-      const appErr = toAppError(err);
-      if (appErr.code === 'internal_error') {
-        log.error({ reqId: rec.reqId, err: { name: (err as Error)?.name, message: (err as Error)?.message } }, 'internal error');
-      }
-      rec.outcome = appErr.code;
-      sendError(res, appErr);
-    });
+    let pending: Promise<void> | undefined;
+    try {
+      pending = start(req, res, rec);
+    } catch (err) {
+      fail(req, res, rec, err);
+      return;
+    }
+    pending?.catch((err: unknown) => fail(req, res, rec, err));
   };
 }
 

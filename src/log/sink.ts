@@ -23,7 +23,14 @@ export const ACCESS_FLUSH_CHARS = 32 * 1024;
 export class LogSink {
   private pending: string[] = [];
   private pendingChars = 0;
+  // One timer for the life of the sink, re-armed with refresh() at the first line after a
+  // write: no Timeout object, async resource and list entry built per window. Never
+  // cleared: when an earlier write (the size bound, an ordinary line) has taken the lines,
+  // it fires on an empty queue and writes nothing. A line waits at most ACCESS_FLUSH_MS
+  // either way: the timer pending when it arrived was armed no earlier than the window's
+  // first line.
   private timer: NodeJS.Timeout | undefined;
+  private armed = false;
 
   constructor(private readonly dest: Destination) {
     process.on('exit', () => this.flush());
@@ -40,14 +47,14 @@ export class LogSink {
     this.pending.push(line);
     this.pendingChars += line.length;
     if (this.pendingChars >= ACCESS_FLUSH_CHARS) this.flush();
-    else this.timer ??= setTimeout(this.flushNow, ACCESS_FLUSH_MS).unref();
+    else if (!this.armed) {
+      this.armed = true;
+      if (this.timer) this.timer.refresh();
+      else this.timer = setTimeout(this.flushNow, ACCESS_FLUSH_MS).unref();
+    }
   }
 
   flush(): void {
-    if (this.timer) {
-      clearTimeout(this.timer);
-      this.timer = undefined;
-    }
     if (this.pending.length === 0) return;
     const lines = this.pending.length === 1 ? (this.pending[0] as string) : this.pending.join('');
     this.pending = [];
@@ -56,7 +63,7 @@ export class LogSink {
   }
 
   private readonly flushNow = (): void => {
-    this.timer = undefined;
+    this.armed = false;
     this.flush();
   };
 }

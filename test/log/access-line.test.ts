@@ -150,3 +150,43 @@ t.test('the line\'s time is Date#toISOString\'s, across milliseconds, seconds, d
   t.equal(bad, 0);
 });
 
+
+t.test('the window timer is re-armed for each window, also after a write took its lines early', async (t) => {
+  const { rec, log } = setup();
+  const access = accessLogFor(log);
+  // The sink's timer is unref'd (never what keeps a process alive): this keeps the test's.
+  const alive = setInterval(() => undefined, 1000);
+  t.teardown(() => clearInterval(alive));
+  const written = (): Promise<void> =>
+    new Promise((resolve) => {
+      const write = rec.write.bind(rec);
+      rec.write = (data: string): boolean => {
+        rec.write = write;
+        const ok = write(data);
+        resolve();
+        return ok;
+      };
+    });
+  for (const id of ['r1', 'r2', 'r3']) {
+    const next = written();
+    access({ reqId: id });
+    t.equal(rec.writes.length, ['r1', 'r2', 'r3'].indexOf(id), `${id} not written synchronously`);
+    await next;
+  }
+  t.strictSame(
+    rec.lines().map((l) => l.reqId),
+    ['r1', 'r2', 'r3'],
+    'each window written by its timer',
+  );
+  // An ordinary line takes the pending ones while the timer is still armed; the timer then
+  // fires on nothing, and the next window's line still goes out on its own.
+  access({ reqId: 'r4' });
+  log.warn('ordinary');
+  const next = written();
+  access({ reqId: 'r5' });
+  await next;
+  t.strictSame(
+    rec.lines().map((l) => l.reqId ?? l.msg),
+    ['r1', 'r2', 'r3', 'r4', 'ordinary', 'r5'],
+  );
+});
