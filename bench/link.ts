@@ -25,7 +25,7 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { DEFAULT_CLI } from './lib/paths.js';
-import { cpuMicros, freePort, rssBytes, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
+import { cpuMicros, freePort, partNodeFlags, rssBytes, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
 import { percentile } from './lib/stats.js';
 
 const HOST_ID = 'bench-host';
@@ -117,13 +117,14 @@ export interface Part {
   stop: () => Promise<void>;
 }
 
-export function startPart(cli: string, dir: string, name: string, args: string[]): Part {
+/** `node <nodeFlags…> <cli> <args…>`: node's own flags (the part's unit's, bench/lib/proc.ts partNodeFlags) before the script. */
+export function startPart(cli: string, dir: string, name: string, args: string[], nodeFlags: readonly string[] = []): Part {
   const log = join(dir, `${name}.log`);
   const out = openSync(log, 'a');
   const env = { ...process.env };
   delete env.NOTIFY_SOCKET;
   delete env.WATCHDOG_USEC;
-  const child = spawnTracked(process.execPath, [cli, ...args, '--log-level', 'info'], { stdio: ['ignore', out, out], env, cwd: dir });
+  const child = spawnTracked(process.execPath, [...nodeFlags, cli, ...args, '--log-level', 'info'], { stdio: ['ignore', out, out], env, cwd: dir });
   closeSync(out);
   return { pid: child.pid as number, log, stop: () => stopChild(child, 'SIGTERM') };
 }
@@ -186,11 +187,11 @@ export async function runLinkBench(log: (line: string) => void, options: LinkBen
   try {
     const fwdPort = await freePort();
     const cliPort = await freePort();
-    const forwarder = startPart(cli, dir, 'forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
-    const cliProxy = startPart(cli, dir, 'cli-proxy', ['cli-proxy', '--state-dir', state, '--listen', `127.0.0.1:${cliPort}`]);
+    const forwarder = startPart(cli, dir, 'forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`], await partNodeFlags(cli, 'forwarder'));
+    const cliProxy = startPart(cli, dir, 'cli-proxy', ['cli-proxy', '--state-dir', state, '--listen', `127.0.0.1:${cliPort}`], await partNodeFlags(cli, 'cli-proxy'));
     parts.push(forwarder, cliProxy);
     await Promise.all([waitForPort(fwdPort, 20_000), waitForPort(cliPort, 20_000)]);
-    const apply = startPart(cli, dir, 'apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')]);
+    const apply = startPart(cli, dir, 'apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], await partNodeFlags(cli, 'apply'));
     parts.push(apply);
     await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 20_000);
     // prettier-ignore
@@ -198,7 +199,7 @@ export async function runLinkBench(log: (line: string) => void, options: LinkBen
       'link', '--gateway', gw.url, '--credential', credentialFile, '--handoff', handoff, '--state-dir', state, '--host-id', HOST_ID,
       '--forwarder-health', `http://127.0.0.1:${fwdPort}/healthz`, '--cli-proxy-health', `http://127.0.0.1:${cliPort}/healthz`,
       ...(options.renewConcurrency === undefined ? [] : ['--renew-concurrency', String(options.renewConcurrency)]),
-    ]);
+    ], await partNodeFlags(cli, 'link'));
     parts.push(link);
     const applied = join(handoff, 'applied-state.json');
     await until(() => appliedVersion(applied) === gw.control.version, performance.now(), 'the first state applied', 30_000, 20);

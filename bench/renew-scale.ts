@@ -23,7 +23,7 @@ import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MockHostGateway } from '../test/support/mock-host-gateway.js';
 import { DEFAULT_CLI } from './lib/paths.js';
-import { CLK_TCK, cpuMicros, freePort, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
+import { CLK_TCK, cpuMicros, freePort, partNodeFlags, sleep, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './lib/proc.js';
 import { appliedVersion, okUpstream, peakRssBytes, spread as spreadOf, status, until, type Spread } from './link.js';
 
 const peakRssMiB = (pid: number): number => Math.round(peakRssBytes(pid) / MiB);
@@ -184,15 +184,16 @@ async function startHost(cli: string, upstreamUrl: string, renewConcurrency: num
   };
   try {
     const fwdPort = await freePort();
-    start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`]);
+    // Each part with the node flags its unit runs it with (this build's).
+    start('forwarder', ['forwarder', '--state-dir', state, '--listen', `127.0.0.1:${fwdPort}`], 'warn', await partNodeFlags(cli, 'forwarder'));
     await waitForPort(fwdPort, 30_000);
-    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], 'info', applyCpuProfDir === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${applyCpuProfDir}`]);
+    const apply = start('apply', ['renew', 'apply', '--watch', '--state-dir', state, '--handoff', handoff, '--shim-dir', join(dir, 'shims')], 'info', [...(await partNodeFlags(cli, 'apply')), ...(applyCpuProfDir === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${applyCpuProfDir}`])]);
     await waitForJsonLine(apply.log, (l) => l.msg === 'apply watching', 30_000);
     // prettier-ignore
     const link = start('link', [
       'link', '--gateway', gw.url, '--credential', credentialFile, '--handoff', handoff, '--state-dir', state, '--host-id', HOST_ID,
       ...(renewConcurrency === undefined ? [] : ['--renew-concurrency', String(renewConcurrency)]),
-    ], 'warn', linkCpuProfDir === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${linkCpuProfDir}`]);
+    ], 'warn', [...(await partNodeFlags(cli, 'link')), ...(linkCpuProfDir === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${linkCpuProfDir}`])]);
     const applied = join(handoff, 'applied-state.json');
     await until(() => appliedVersion(applied) === gw.control.version, performance.now(), 'the first state applied', 60_000, 20);
     const tokenCounter = new TokenCounter(join(state, 'mcp-forwarder'));

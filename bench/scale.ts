@@ -159,10 +159,7 @@ async function oneSize(n: number, o: Required<Omit<ScaleOptions, 'sizes' | 'node
     // Each part with the node flags its unit runs it with (this build's), then any asked for.
     const shipped = new Map(await Promise.all(PART_NAMES.map(async (p) => [p, await partNodeFlags(o.cli, p)] as const)));
     const start = (name: PartName, args: string[]): Part => {
-      const extra = [...(shipped.get(name) ?? []), ...(o.nodeFlags?.[name] ?? [])];
-      // startPart runs `node <first> <rest…>`: node's own flags go first.
-      const [first, ...rest] = [...extra, o.cli, ...args] as [string, ...string[]];
-      const part = startPart(first, dir, name, rest);
+      const part = startPart(o.cli, dir, name, args, [...(shipped.get(name) ?? []), ...(o.nodeFlags?.[name] ?? [])]);
       parts.set(name, part);
       return part;
     };
