@@ -5,7 +5,8 @@ import { fileURLToPath } from 'node:url';
 export const BENCH_BUILD_DIR = resolve(fileURLToPath(new URL('.', import.meta.url)), '..');
 /** The repository root: build/bench/ is two levels below it. */
 export const REPO_ROOT = resolve(BENCH_BUILD_DIR, '../..');
-export const DEFAULT_CLI = process.env.BENCH_CLI ?? resolve(REPO_ROOT, 'dist/cli.js');
+/** `BENCH_CLI` set but empty counts as unset: `node ''` would start a REPL that exits 0 at once. */
+export const DEFAULT_CLI = process.env.BENCH_CLI || resolve(REPO_ROOT, 'dist/cli.js');
 export const RESULTS_DIR = resolve(REPO_ROOT, 'bench/results');
 export const DOCS_FILE = resolve(REPO_ROOT, 'docs/performance.md');
 export const UPSTREAM_JS = resolve(BENCH_BUILD_DIR, 'upstream.js');
