@@ -82,7 +82,7 @@ function refuseNonRegular(path: string): void {
   if (st && !st.isFile()) throw new Error(`refusing to replace non-regular file at ${path}`);
 }
 
-function closeQuietly(fd: number): void {
+export function closeQuietly(fd: number): void {
   try {
     closeSync(fd);
   } catch {
@@ -90,11 +90,12 @@ function closeQuietly(fd: number): void {
   }
 }
 
-function unlinkQuietly(path: string): void {
+/** Removes a file if it is there (a temp never created or already renamed, a file already gone). */
+export function unlinkQuietly(path: string): void {
   try {
     unlinkSync(path);
   } catch {
-    // never created or already renamed
+    // never created, already renamed or already gone
   }
 }
 

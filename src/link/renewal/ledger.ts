@@ -1,8 +1,8 @@
-import { closeSync, constants, fdatasync, fstatSync, fsyncSync, ftruncateSync, lstatSync, openSync, readSync, readdirSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, fdatasync, fstatSync, fsyncSync, ftruncateSync, lstatSync, openSync, readSync, readdirSync, renameSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { z } from 'zod';
-import { atomicWrite, fsyncDir, tempPathFor } from '../../fs/atomic-write.js';
+import { atomicWrite, closeQuietly, fsyncDir, tempPathFor, unlinkQuietly } from '../../fs/atomic-write.js';
 import { crashPoint, hookEnabled } from '../../service/test-hooks.js';
 
 /**
@@ -496,21 +496,5 @@ function writeDurableSync(path: string, text: string): void {
     fsyncSync(dfd);
   } finally {
     closeSync(dfd);
-  }
-}
-
-function closeQuietly(fd: number): void {
-  try {
-    closeSync(fd);
-  } catch {
-    // already closed
-  }
-}
-
-function unlinkQuietly(path: string): void {
-  try {
-    unlinkSync(path);
-  } catch {
-    // already gone
   }
 }
