@@ -20,7 +20,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { optionReader } from './lib/args.js';
-import { DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT, RESULTS_DIR } from './lib/paths.js';
+import { BENCH_BUILD_DIR, DEFAULT_CLI, DOCS_FILE, MCP_SERVER_JS, REPO_ROOT, RESULTS_DIR } from './lib/paths.js';
 import { installedNpmPeers, installNpmPeers, NPM_PEERS, type NpmPeerBins } from './lib/npm-peers.js';
 import { BENCH_TOKEN, newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
 import { childPids, cpuMicros, freePort, spawnTracked, stopChild, sumOver, waitForPort } from './lib/proc.js';
@@ -37,6 +37,9 @@ export type Framing = (typeof FRAMINGS)[number];
 export const PATTERNS = { serial: 1, c8: 8 } as const;
 export type Pattern = keyof typeof PATTERNS;
 
+const ALLOC_SAMPLER_JS = join(BENCH_BUILD_DIR, 'alloc-sampler.js');
+const ALLOC_PEERS = ['node-floor', 'forwarder', 'forwarder-base'] as const;
+
 /** The tool's argument and answer: 1 000 characters, the size of the wrk test's JSON body. */
 const TEXT = 'x'.repeat(1_000);
 
@@ -52,6 +55,11 @@ export interface McpBenchOptions {
   docs: boolean;
   /** Run the forwarder and the Node floor with `--cpu-prof` and print where the forwarder's CPU goes above the floor's. */
   profile: boolean;
+  /**
+   * Run the forwarder(s) and the Node floor under V8's sampling heap profiler (collected
+   * objects included) and print bytes allocated per call by function for each.
+   */
+  alloc?: boolean | undefined;
   /** The answer framings measured (default both). */
   framings?: Framing[] | undefined;
   cli: string;
@@ -73,6 +81,9 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-peers LIST       (with --mcp) subset of ${MCP_PEERS.join(',')}
   --mcp-profile          (with --mcp) the forwarder and the Node floor run with --cpu-prof; prints
                          where the forwarder's CPU goes, and self time per call beside the floor's
+  --mcp-alloc            (with --mcp) the forwarder(s) and the Node floor run under V8's sampling
+                         heap profiler (collected objects included); prints bytes allocated
+                         per call by function for each, largest difference first
   --mcp-framings LIST    (with --mcp) subset of ${FRAMINGS.join(',')} (default both)
   --mcp-base-cli FILE    (with --mcp) another build's dist/cli.js: its forwarder runs beside this
                          one as peer forwarder-base (a change measured before/after in one run)
@@ -106,6 +117,7 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     install: !argv.includes('--no-install'),
     docs: argv.includes('--docs'),
     profile: argv.includes('--mcp-profile'),
+    alloc: argv.includes('--mcp-alloc'),
     framings,
     cli: value('cli') ?? DEFAULT_CLI,
     baseCli: baseCli && resolve(baseCli),
@@ -180,6 +192,7 @@ async function startRoutes(
   profDir: string | undefined,
   framings: readonly Framing[] = FRAMINGS,
   peerCheck = false,
+  alloc = false,
 ): Promise<{ routes: Route[]; stop: () => Promise<void> }> {
   const routes: Route[] = [];
   const stops: (() => Promise<void>)[] = [];
@@ -219,10 +232,10 @@ async function startRoutes(
             floorReadsToken: true,
             extraArgs: peerCheck && name !== 'node-floor' ? ['--allowed-uids', String(process.getuid?.() ?? 0)] : undefined,
             // The floor is profiled too (the same profiler overhead on both), to compare them function by function.
-            nodeArgs:
-              (name === 'forwarder' || name === 'node-floor') && profDir
-                ? ['--cpu-prof', '--cpu-prof-dir', join(profDir, name), '--cpu-prof-interval', '200']
-                : undefined,
+            nodeArgs: [
+              ...((name === 'forwarder' || name === 'node-floor') && profDir ? ['--cpu-prof', '--cpu-prof-dir', join(profDir, name), '--cpu-prof-interval', '200'] : []),
+              ...(alloc && name !== 'cli-proxy' ? ['--import', ALLOC_SAMPLER_JS] : []),
+            ],
           });
           stops.push(() => peer.stop());
           for (const framing of framings) {
@@ -473,6 +486,85 @@ function profileReport(profDir: string, rounds: McpRound[], opts: McpBenchOption
   );
 }
 
+/** The calls a peer served over the whole run, warm-up included (as a profile of the process is). */
+function callsOf(peer: McpPeerName, rounds: McpRound[], opts: McpBenchOptions): number {
+  const cells = rounds.flatMap((r) => Object.values(r).map((row) => row[peer])).filter((c): c is McpCell => c !== undefined);
+  return cells.reduce((n, c) => n + c.calls, 0) + (opts.framings ?? FRAMINGS).length * Math.min(200, opts.calls);
+}
+
+interface HeapNode {
+  callFrame: { functionName: string; url: string; lineNumber: number; columnNumber: number; scriptId?: string };
+  selfSize: number;
+  children?: HeapNode[];
+}
+
+/**
+ * Bytes allocated per call by function (V8's estimate from its samples, collected objects
+ * included), two ways: the allocating function itself, and the innermost frame of our own
+ * code (dist/ or the floor's bench/ script) on its stack, which names the request step that
+ * caused an allocation inside Node or undici. Start-up is included (a few MB over tens of
+ * thousands of calls).
+ */
+function allocReport(dir: string, pids: Map<number, McpPeerName>, rounds: McpRound[], opts: McpBenchOptions, log: (s: string) => void): void {
+  const bySelf = new Map<McpPeerName, Map<string, number>>();
+  const byOurs = new Map<McpPeerName, Map<string, number>>();
+  const stamp = new Date().toISOString().replace(/[:.]/g, '-');
+  for (const file of readdirSync(dir)) {
+    const pid = Number(/^alloc-(\d+)\.heapprofile$/.exec(file)?.[1]);
+    const peer = pids.get(pid);
+    if (!peer) continue;
+    // The warm-up's calls are not in the profile (the sampler restarted after them).
+    const calls = callsOf(peer, rounds, opts) - (opts.framings ?? FRAMINGS).length * Math.min(200, opts.calls);
+    mkdirSync(RESULTS_DIR, { recursive: true });
+    copyFileSync(join(dir, file), resolve(RESULTS_DIR, `${peer}-mcp-${stamp}.heapprofile`));
+    const root = (JSON.parse(readFileSync(join(dir, file), 'utf8')) as { head: HeapNode }).head;
+    const self = new Map<string, number>();
+    const ours = new Map<string, number>();
+    const add = (m: Map<string, number>, k: string, v: number): void => {
+      m.set(k, (m.get(k) ?? 0) + v / calls);
+    };
+    const walk = (n: HeapNode, own: string): void => {
+      const f = n.callFrame;
+      const isOurs = /\/dist\/|\/build\/bench\//.test(f.url);
+      const here = isOurs ? `${f.functionName || '(anonymous)'} ${groupOf(f)}:${f.lineNumber + 1}` : own;
+      if (n.selfSize > 0) {
+        add(self, `${f.functionName || '(anonymous)'} ${f.url ? groupOf(f) : ''}`.trim(), n.selfSize);
+        add(ours, here, n.selfSize);
+      }
+      for (const c of n.children ?? []) walk(c, here);
+    };
+    walk(root, '(outside our code)');
+    bySelf.set(peer, self);
+    byOurs.set(peer, ours);
+  }
+  const peers = ALLOC_PEERS.filter((p) => bySelf.has(p));
+  if (peers.length === 0) throw new Error('no peer wrote its allocation profile (did it exit cleanly on SIGTERM?)');
+  const total = (m: Map<string, number> | undefined): number => [...(m?.values() ?? [])].reduce((x, y) => x + y, 0);
+  const table = (title: string, maps: Map<McpPeerName, Map<string, number>>, rows: number): string[] => {
+    const names = [...new Set(peers.flatMap((p) => [...(maps.get(p)?.keys() ?? [])]))];
+    const diff = (name: string): number => (maps.get('forwarder')?.get(name) ?? 0) - (maps.get('node-floor')?.get(name) ?? 0);
+    const fmt = (v: number | undefined): string => (v === undefined ? '0' : v.toFixed(0));
+    return [
+      '',
+      `#### ${title}: ${peers.map((p) => `${p} ${total(maps.get(p)).toFixed(0)} B`).join(', ')} per call`,
+      '',
+      `| function | ${peers.map((p) => `${p} B/call`).join(' | ')} |`,
+      `|---|${peers.map(() => '---|').join('')}`,
+      ...names
+        .sort((a, b) => Math.abs(diff(b)) - Math.abs(diff(a)) || (maps.get(peers[0] as McpPeerName)?.get(b) ?? 0) - (maps.get(peers[0] as McpPeerName)?.get(a) ?? 0))
+        .slice(0, rows)
+        .map((n) => `| \`${n.replace(/\|/g, '\\|')}\` | ${peers.map((p) => fmt(maps.get(p)?.get(n))).join(' | ')} |`),
+    ];
+  };
+  log(
+    [
+      ...table('Bytes allocated per call by allocating function (sampled, collected objects included)', bySelf, 40),
+      ...table('The same by the innermost frame of our own code on the stack', byOurs, 40),
+      `profiles: ${RESULTS_DIR}/*-mcp-${stamp}.heapprofile`,
+    ].join('\n'),
+  );
+}
+
 /** Busy self time per call by function (name and package or file, no line: the two builds' lines differ), µs. */
 function selfUsPerCall(p: Parameters<typeof analyseProfile>[0], calls: number): Map<string, number> {
   const byId = new Map(p.nodes.map((n) => [n.id, n]));
@@ -544,10 +636,24 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     log(`MCP bench: ${peers.join(', ')}; ${opts.rounds} rounds × ${opts.calls} calls per peer, framing and pattern`);
     const profDir = opts.profile ? join(work, 'prof') : undefined;
     if (profDir) for (const p of ['forwarder', 'node-floor']) mkdirSync(join(profDir, p), { recursive: true });
-    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings, opts.peerCheck);
+    const allocDir = opts.alloc ? join(work, 'alloc') : undefined;
+    if (allocDir) {
+      mkdirSync(allocDir, { recursive: true });
+      // Read by bench/alloc-sampler.ts in the peers started below (they inherit this environment).
+      process.env.BENCH_ALLOC_DIR = allocDir;
+    }
+    const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings, opts.peerCheck, opts.alloc);
+    delete process.env.BENCH_ALLOC_DIR;
+    const allocPids = new Map<number, McpPeerName>();
+    for (const r of routes) if ((ALLOC_PEERS as readonly string[]).includes(r.peer)) allocPids.set(r.pids()[0] as number, r.peer);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);
+      if (allocPids.size > 0) {
+        // bench/alloc-sampler.ts drops what it sampled so far: the report is per measured call.
+        for (const pid of allocPids.keys()) process.kill(pid, 'SIGUSR2');
+        await new Promise((r) => setTimeout(r, 500));
+      }
       for (let round = 0; round < opts.rounds; round++) {
         const result: McpRound = {};
         rounds.push(result);
@@ -599,6 +705,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
       await stop();
     }
     if (profDir) profileReport(profDir, rounds, opts, log);
+    if (allocDir) allocReport(allocDir, allocPids, rounds, opts, log);
   } finally {
     await stopChild(server.child);
     removeWorkDir(work);
