@@ -1,10 +1,11 @@
 import { BINDING_ID } from '../data/registry.js';
 
+/** Shared between the requests to one URL (route keeps its last answer): read, never changed. */
 export type Route =
-  | { kind: 'health' }
-  | { kind: 'mcp'; bindingId: string }
-  | { kind: 'unknown_binding' }
-  | { kind: 'not_found' };
+  | { readonly kind: 'health' }
+  | { readonly kind: 'mcp'; readonly bindingId: string }
+  | { readonly kind: 'unknown_binding' }
+  | { readonly kind: 'not_found' };
 
 export const MCP_METHODS = ['POST', 'GET', 'DELETE'] as const;
 export const HEALTH_METHODS = ['GET', 'HEAD'] as const;
@@ -16,6 +17,19 @@ const MCP_PATH = /^\/i\/([^/]+)\/mcp$/;
  * forwarded: the upstream URL in the registry is the whole truth about where traffic goes.
  */
 export function route(target: string | undefined): Route {
+  // An agent sends every call to the same URL: the last answer, kept (routes are never
+  // changed by their users), spares the match, its array and a new route per request.
+  if (target === lastTarget && lastRoute !== undefined) return lastRoute;
+  const r = routeOf(target);
+  lastTarget = target;
+  lastRoute = r;
+  return r;
+}
+
+let lastTarget: string | undefined;
+let lastRoute: Route | undefined;
+
+function routeOf(target: string | undefined): Route {
   if (!target?.startsWith('/')) return { kind: 'not_found' };
   const q = target.indexOf('?');
   const path = q === -1 ? target : target.slice(0, q);

@@ -146,7 +146,10 @@ export function filterHeaderRecord(
   policy: HeaderPolicy,
 ): HeaderRecord {
   const out: HeaderRecord = {};
-  for (const [key, value] of Object.entries(headers)) {
+  // for…in, not Object.entries: no array of pairs per answer (undici's record is a plain object).
+  for (const key in headers) {
+    if (!Object.hasOwn(headers, key)) continue;
+    const value = headers[key];
     if (value === undefined) continue;
     const name = key.toLowerCase();
     if (allowed(name, policy)) out[name] = value;

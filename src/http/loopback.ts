@@ -29,6 +29,21 @@ export function parseListen(value: string, flag = '--listen'): ListenAddress {
  * name in Host, so only loopback names with our exact port are accepted.
  */
 export function checkHost(hostHeader: string | undefined, port: number): Check {
+  // Every request of a client names the same Host: the last answer, kept, spares the
+  // match (an array and its strings per request). A pure function's answer, by value.
+  if (hostHeader === lastHost && port === lastPort && lastCheck !== undefined) return lastCheck;
+  const check = hostCheck(hostHeader, port);
+  lastHost = hostHeader;
+  lastPort = port;
+  lastCheck = check;
+  return check;
+}
+
+let lastHost: string | undefined;
+let lastPort = -1;
+let lastCheck: Check | undefined;
+
+function hostCheck(hostHeader: string | undefined, port: number): Check {
   if (!hostHeader) return { ok: false, reason: 'missing Host header' };
   const m = /^(\[[^\]]+\]|[^:]+)(?::(\d{1,5}))?$/.exec(hostHeader);
   if (!m?.[1]) return { ok: false, reason: 'unparseable Host header' };

@@ -1,11 +1,11 @@
 import type { Socket } from 'node:net';
-import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AppError, ClientGoneError, sendError, toAppError } from '../errors.js';
 import { accessLogFor } from '../log/access-line.js';
 import type { Logger } from '../log/logger.js';
 
 import { firstValue } from './headers.js';
+import { requestId } from './request-id.js';
 import { checkHost, checkOrigin, type Check } from './loopback.js';
 
 import type { InFlight } from './server.js';
@@ -174,7 +174,7 @@ export function createRequestPipeline(deps: PipelineDeps, route: RouteHandler, f
   return (req, res) => {
     // A double, not a bigint: no heap number per request.
     const started = performance.now();
-    const rec: AccessRecord = { reqId: randomUUID(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
+    const rec: AccessRecord = { reqId: requestId(), method: req.method ?? '', bytesIn: 0, bytesOut: 0, outcome: 'ok' };
     // One 'close' listener for the line, the metrics and the in-flight set (left last, as
     // its own listener was: a shutdown's drain sees every finished request logged).
     res.once('close', () => {

@@ -135,11 +135,28 @@ export function dropTokenHeaders(headers: Readonly<HeaderRecord>, needles: Token
  * drop logged once per response by header name (never a value) and counted on the
  * request's access record (`tokenHeadersDropped`, which the metrics read).
  */
-export function withoutReflectedToken(headers: Readonly<HeaderRecord>, needles: TokenNeedles, rec: AccessRecord, log: Logger): HeaderRecord {
+export function withoutReflectedToken(headers: HeaderRecord, needles: TokenNeedles, rec: AccessRecord, log: Logger): HeaderRecord {
+  // Nearly every answer is clean: then the record is the caller's own, passed on as it is
+  // (no second record and no list of drops per answer).
+  if (!reflects(headers, needles)) return headers;
   const check = dropTokenHeaders(headers, needles);
   if (check.dropped.length > 0) {
     rec.tokenHeadersDropped = check.dropped.length;
     log.warn({ reqId: rec.reqId, headers: check.dropped }, 'dropped response headers holding the token');
   }
   return check.headers;
+}
+
+/** Whether any header name or value holds the token: dropTokenHeaders's test, without building its answer. */
+function reflects(headers: Readonly<HeaderRecord>, needles: TokenNeedles): boolean {
+  const lowered: TokenNeedles = needles.lowered ?? { token: needles.token.toLowerCase(), base64: needles.base64.map((b) => b.toLowerCase()) };
+  for (const name in headers) {
+    if (!Object.hasOwn(headers, name)) continue;
+    if (holdsToken(name, lowered)) return true;
+    const value = headers[name] as string | string[];
+    if (Array.isArray(value)) {
+      for (const v of value) if (holdsToken(v, needles)) return true;
+    } else if (holdsToken(value, needles)) return true;
+  }
+  return false;
 }

@@ -21,19 +21,38 @@ export function accessLogFor(log: Logger): AccessLog {
   const sink: unknown = (log as unknown as Record<symbol, unknown>)[pino.symbols.streamSym];
   if (!(sink instanceof LogSink)) return (fields) => log.info(fields, 'access');
   const bindings = JSON.stringify(log.bindings());
-  const head = `,"pid":${process.pid}${bindings.length > 2 ? `,${bindings.slice(1, -1)}` : ''}`;
+  // The line's text after the time: its closing quote, the pid and the logger's bindings.
+  const afterTime = `","pid":${process.pid}${bindings.length > 2 ? `,${bindings.slice(1, -1)}` : ''}`;
+  // The line goes to the sink in pieces, joined once per window at its write: no string
+  // per field, no concatenation chain per line (docs/performance.md, session 13).
   return (fields) => {
     if (!log.isLevelEnabled('info')) return;
-    let line = `{"level":"info","time":"${isoNow()}"${head}`;
+    sink.part(LINE_START);
+    sink.part(isoNow());
+    sink.part(afterTime);
     for (const key in fields) {
       const value = fields[key];
       if (value === undefined) continue;
       const prefix = keyPrefix(key);
-      line += prefix === REDACTED_KEY ? `,${jsonString(key)}:"[redacted]"` : `${prefix}${typeof value === 'string' ? jsonString(value) : jsonScalar(value)}`;
+      if (prefix === REDACTED_KEY) {
+        sink.part(`,${jsonString(key)}:"[redacted]"`);
+        continue;
+      }
+      sink.part(prefix);
+      if (typeof value !== 'string') sink.part(jsonScalar(value));
+      else if (PLAIN.test(value)) {
+        sink.part('"');
+        sink.part(value);
+        sink.part('"');
+      } else sink.part(jsonString(value));
     }
-    sink.writeBatched(`${line},"msg":"access"}\n`);
+    sink.part(LINE_END);
+    sink.endLine();
   };
 }
+
+const LINE_START = '{"level":"info","time":"';
+const LINE_END = ',"msg":"access"}\n';
 
 /** Marks a key whose value is never written. */
 const REDACTED_KEY = '';
@@ -73,7 +92,32 @@ function jsonString(value: string): string {
 }
 
 function jsonScalar(value: number | boolean): string {
-  return typeof value === 'number' && !Number.isFinite(value) ? 'null' : String(value);
+  if (typeof value === 'boolean') return value ? 'true' : 'false';
+  if (Number.isInteger(value)) return String(value);
+  if (!Number.isFinite(value)) return 'null';
+  return decimal(value);
+}
+
+/** `.1`, `.01`, `.001`, … `.999`, and '' for 0: thousandths as Number#toString ends them. */
+const THOUSANDTHS = Array.from({ length: 1000 }, (_, i) => (i === 0 ? '' : `.${String(i).padStart(3, '0').replace(/0+$/, '')}`));
+
+/**
+ * Number#toString of a fraction, taken apart for the one every line has: the duration in
+ * milliseconds rounded to the microsecond. The shortest-digits conversion of a double was
+ * the line's largest cost (docs/performance.md, session 13); a value that is exactly the
+ * double nearest to a number of thousandths, below 1e9, has that decimal as its shortest
+ * spelling (doubles there lie far closer together than 0.001), so the integer part and
+ * the thousandths' digits are the same text. Anything else is converted as before.
+ */
+function decimal(value: number): string {
+  if (value > 0 && value < 1e9) {
+    const thousandths = Math.round(value * 1000);
+    if (thousandths / 1000 === value) {
+      const whole = Math.floor(value);
+      return `${whole}${THOUSANDTHS[thousandths - whole * 1000] as string}`;
+    }
+  }
+  return String(value);
 }
 
 // The ISO time as Date#toISOString writes it, its `YYYY-MM-DDTHH:MM:SS.` built once per

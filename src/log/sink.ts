@@ -21,7 +21,7 @@ export const ACCESS_FLUSH_CHARS = 32 * 1024;
  * SIGKILL (or a watchdog SIGABRT) can lose access lines: those of the last 20 ms.
  */
 export class LogSink {
-  private pending: string[] = [];
+  private readonly pending: string[] = [];
   private pendingChars = 0;
   // One timer for the life of the sink, re-armed with refresh() at the first line after a
   // write: no Timeout object, async resource and list entry built per window. Never
@@ -44,8 +44,23 @@ export class LogSink {
 
   /** An access line: written with the others of its 20 ms window. */
   writeBatched(line: string): void {
-    this.pending.push(line);
-    this.pendingChars += line.length;
+    this.part(line);
+    this.endLine();
+  }
+
+  /**
+   * A piece of the access line being written, in order; `endLine()` after its last piece.
+   * The pieces are joined once, for the whole window, at the write: building each line as
+   * a string first cost a chain of concatenations and a copy per line (docs/performance.md,
+   * session 13). Only the access writer calls these, synchronously from the line's first
+   * piece to endLine(), so no write (nor the exit flush) can fall inside a line.
+   */
+  part(piece: string): void {
+    this.pending.push(piece);
+    this.pendingChars += piece.length;
+  }
+
+  endLine(): void {
     if (this.pendingChars >= ACCESS_FLUSH_CHARS) this.flush();
     else if (!this.armed) {
       this.armed = true;
@@ -57,7 +72,8 @@ export class LogSink {
   flush(): void {
     if (this.pending.length === 0) return;
     const lines = this.pending.length === 1 ? (this.pending[0] as string) : this.pending.join('');
-    this.pending = [];
+    // Emptied in place: the joined string is a copy, and the array's store is the next window's.
+    this.pending.length = 0;
     this.pendingChars = 0;
     this.dest.write(lines);
   }

@@ -49,6 +49,7 @@ const held = new Map<string, Held>();
 // every request, and moving it to the end of the map each time was a delete and a set.
 let newest: string | undefined;
 export const MAX_HELD_TOKEN_FILES = 32;
+const STAT_OPTIONS = { throwIfNoEntry: false } as const;
 
 /**
  * Reads the token file afresh, on every call: the request uses the token that is on disk
@@ -84,7 +85,7 @@ export function readTokenFile(path: string): TokenRead {
   if (h !== undefined) {
     let st: Stats | undefined;
     try {
-      st = statSync(path, { throwIfNoEntry: false });
+      st = statSync(path, STAT_OPTIONS);
     } catch (err) {
       release(path, h);
       return { ok: false, reason: openFailure(err) };

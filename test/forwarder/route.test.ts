@@ -110,3 +110,11 @@ t.test('mcpMethodOf: nothing to say', async (t) => {
   t.equal(m(huge), undefined, 'bodies over 64 KiB are not parsed');
   t.equal(m(Buffer.from([0xff, 0xfe, 0x00])), undefined, 'binary garbage');
 });
+
+t.test('a route repeated or alternated is answered the same', async (t) => {
+  const mcp = `/i/${ID}/mcp`;
+  for (const target of [mcp, mcp, '/healthz', mcp, '/nope', '/nope', mcp, `${mcp}?x=1`, undefined, mcp]) {
+    const want = target === undefined || target === '/nope' ? { kind: 'not_found' } : target === '/healthz' ? { kind: 'health' } : { kind: 'mcp', bindingId: ID };
+    t.strictSame(route(target), want, String(target));
+  }
+});

@@ -169,3 +169,20 @@ t.test('checkOrigin refuses null, unparseable, other schemes and non-loopback ho
     if (!r.ok) t.type(r.reason, 'string');
   }
 });
+
+t.test('checkHost answers the same whether or not the Host repeats', async (t) => {
+  const cases: Array<[string | undefined, number, boolean]> = [
+    ['127.0.0.1:8080', 8080, true],
+    ['127.0.0.1:8080', 8080, true],
+    ['127.0.0.1:8080', 9090, false],
+    ['127.0.0.1:8080', 8080, true],
+    ['evil.example:8080', 8080, false],
+    ['evil.example:8080', 8080, false],
+    [undefined, 8080, false],
+    ['localhost:9090', 9090, true],
+    ['LOCALHOST:9090', 9090, true],
+    ['[::1]:9090', 9090, true],
+    ['[::1]:9090', 8080, false],
+  ];
+  for (const [host, port, ok] of cases) t.equal(checkHost(host, port).ok, ok, `${host} on ${port}`);
+});

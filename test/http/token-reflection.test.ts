@@ -87,3 +87,25 @@ t.test('withoutReflectedToken: one warning by header name, never a value; counte
   t.equal(clean.tokenHeadersDropped, undefined);
   t.equal(records.filter((l) => l.msg === 'dropped response headers holding the token').length, 1, 'nothing logged for a clean answer');
 });
+
+t.test('withoutReflectedToken: a token anywhere (name, value, one of a repeated header) is caught; a clean answer keeps every header', async (t) => {
+  const { log } = memoryLogger();
+  const rec = (): AccessRecord => ({ reqId: 'r', method: 'GET', bytesIn: 0, bytesOut: 0, outcome: 'ok' });
+  const b64 = Buffer.from(`user:${TOKEN}`).toString('base64');
+  const dirty: Array<Record<string, string | string[]>> = [
+    { [`x-${TOKEN.toLowerCase()}`]: '1', etag: '"e"' },
+    { link: ['<a>', `<b?t=${encodeURIComponent(TOKEN)}>`], etag: '"e"' },
+    { 'x-echo': b64, etag: '"e"' },
+  ];
+  for (const h of dirty) {
+    const r = rec();
+    const out = withoutReflectedToken({ ...h }, tokenNeedles(TOKEN), r, log);
+    t.ok(Number(r.tokenHeadersDropped ?? 0) > 0, 'counted');
+    t.notOk(JSON.stringify(out).includes(TOKEN) || JSON.stringify(out).toLowerCase().includes(TOKEN.toLowerCase()), 'not passed on');
+    t.equal(out.etag, '"e"', 'the rest kept');
+  }
+  const clean = { etag: '"e"', link: ['<a>', '<b>'], 'content-type': 'application/json' };
+  const r = rec();
+  t.strictSame(withoutReflectedToken({ ...clean }, tokenNeedles(TOKEN), r, log), clean);
+  t.equal(r.tokenHeadersDropped, undefined);
+});

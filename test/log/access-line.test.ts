@@ -190,3 +190,40 @@ t.test('the window timer is re-armed for each window, also after a write took it
     ['r1', 'r2', 'r3', 'r4', 'ordinary', 'r5'],
   );
 });
+
+t.test('numbers are written as JSON.stringify writes them, durations rounded to the microsecond included', async (t) => {
+  const { rec, sink, log } = setup();
+  const access = accessLogFor(log);
+  let seed = 11;
+  const rand = (): number => {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    return seed / 2 ** 31;
+  };
+  const values: number[] = [0, -0, 1, 0.001, 0.01, 0.1, 0.5, 0.999, 1.5, 2.25, 10.1, 999.999, 1e9 - 0.001, 1e9 + 0.5, 123456.789, -1.5, 1e21, 1.7976931348623157e308, 5e-324, 0.1 + 0.2];
+  for (let k = 0; k < 3000; k++) {
+    const ms = rand() * 10 ** Math.floor(rand() * 9);
+    values.push(Math.round(ms * 1000) / 1000, ms);
+  }
+  for (const v of values) access({ durationMs: v });
+  sink.flush();
+  const text = rec.writes.join('');
+  const expected = values.map((v) => `"durationMs":${JSON.stringify(v)},"msg"`);
+  const got = text.split('\n').filter(Boolean).map((l) => /"durationMs":[^,]*,"msg"/.exec(l)?.[0]);
+  t.equal(got.length, values.length);
+  t.equal(got.filter((g, i) => g !== expected[i]).length, 0, 'every number as JSON.stringify writes it');
+});
+
+t.test('a line written in pieces is whole in the write, beside other lines and ordinary ones', async (t) => {
+  const { rec, sink, log } = setup();
+  const access = accessLogFor(log.child({ part: 'forwarder' }));
+  access({ ...fields, reqId: 'a' });
+  sink.writeBatched('{"msg":"raw"}\n');
+  access({ ...fields, reqId: 'b', token: 'SECRET' });
+  log.info('ordinary');
+  t.equal(rec.writes.length, 2, 'the batch, then the ordinary line');
+  t.strictSame(
+    rec.lines().map((l) => l.reqId ?? l.msg),
+    ['a', 'raw', 'b', 'ordinary'],
+  );
+  t.notMatch(rec.writes.join(''), /SECRET/);
+});
