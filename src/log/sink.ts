@@ -21,7 +21,11 @@ export const ACCESS_FLUSH_CHARS = 32 * 1024;
  * SIGKILL (or a watchdog SIGABRT) can lose access lines: those of the last 20 ms.
  */
 export class LogSink {
+  // The pieces of the window's lines: the first `count` entries; every entry past them is
+  // ''. The array keeps its size from window to window (emptied by filling, never by
+  // shortening): regrowing it for each window cost more garbage than the lines themselves.
   private readonly pending: string[] = [];
+  private count = 0;
   private pendingChars = 0;
   // One timer for the life of the sink, re-armed with refresh() at the first line after a
   // write: no Timeout object, async resource and list entry built per window. Never
@@ -38,7 +42,7 @@ export class LogSink {
 
   /** pino's entry point: an ordinary line. */
   write(line: string): boolean {
-    if (this.pending.length > 0) this.flush();
+    if (this.count > 0) this.flush();
     return this.dest.write(line);
   }
 
@@ -56,7 +60,7 @@ export class LogSink {
    * piece to endLine(), so no write (nor the exit flush) can fall inside a line.
    */
   part(piece: string): void {
-    this.pending.push(piece);
+    this.pending[this.count++] = piece;
     this.pendingChars += piece.length;
   }
 
@@ -70,10 +74,11 @@ export class LogSink {
   }
 
   flush(): void {
-    if (this.pending.length === 0) return;
-    const lines = this.pending.length === 1 ? (this.pending[0] as string) : this.pending.join('');
-    // Emptied in place: the joined string is a copy, and the array's store is the next window's.
-    this.pending.length = 0;
+    if (this.count === 0) return;
+    // The entries past `count` are '': joining the whole array joins the window.
+    const lines = this.count === 1 ? (this.pending[0] as string) : this.pending.join('');
+    this.pending.fill('', 0, this.count);
+    this.count = 0;
     this.pendingChars = 0;
     this.dest.write(lines);
   }
