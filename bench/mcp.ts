@@ -645,7 +645,7 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
     const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings, opts.peerCheck, opts.alloc);
     delete process.env.BENCH_ALLOC_DIR;
     const allocPids = new Map<number, McpPeerName>();
-    for (const r of routes) if ((ALLOC_PEERS as readonly string[]).includes(r.peer)) allocPids.set(r.pids()[0] as number, r.peer);
+    if (allocDir) for (const r of routes) if ((ALLOC_PEERS as readonly string[]).includes(r.peer)) allocPids.set(r.pids()[0] as number, r.peer);
     try {
       // Warm-up: JIT, pools, the sessions' first calls; nothing recorded.
       for (const r of routes) await runBatch(r, Math.min(200, opts.calls), 8, server.pid);
