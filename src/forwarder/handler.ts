@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Agent } from 'undici';
 import type { HotFile } from '../config/hot-file.js';
 import { AppError, ClientGoneError } from '../errors.js';
-import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaders, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
+import { agentToUpstreamPolicy, filterHeaderRecord, filterRawHeaderList, firstValue, upstreamToAgentPolicy, type HeaderRecord } from '../http/headers.js';
 import { readBody } from '../http/request-body.js';
 import { tokenNeedles, withoutReflectedToken, type TokenNeedles } from '../http/token-reflection.js';
 import { createRequestPipeline, sendJson, type AccessRecord, type PipelineDeps } from '../http/request-pipeline.js';
@@ -106,8 +106,10 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
     throw new AppError('token_unavailable');
   }
   let token = read.token;
-  const baseHeaders = filterRawHeaders(req.rawHeaders, agentToUpstreamPolicy);
-  baseHeaders['x-request-id'] = rec.reqId;
+  // A flat list, its last value the Authorization header's (set by send, per attempt).
+  // Neither name passes the agent's filter: the agent can send neither.
+  const baseHeaders = filterRawHeaderList(req.rawHeaders, agentToUpstreamPolicy);
+  baseHeaders.push('x-request-id', rec.reqId, 'authorization', '');
 
   let call = send(deps, state.target, res, method, baseHeaders, body, token);
   let head = await call.head;
@@ -170,13 +172,13 @@ function send(
   target: UpstreamTarget,
   res: ServerResponse,
   method: string,
-  baseHeaders: HeaderRecord,
+  baseHeaders: string[],
   body: Buffer,
   token: string,
 ): UpstreamCall {
-  // The same record for a retry, its token replaced: undici serialises the headers when
+  // The same list for a retry, its token replaced: undici serialises the headers when
   // the request is dispatched, so an earlier attempt never sees the change.
-  baseHeaders.authorization = `Bearer ${token}`;
+  baseHeaders[baseHeaders.length - 1] = `Bearer ${token}`;
   return new UpstreamCall(deps.agent, { target, method, headers: baseHeaders, body: body.length > 0 ? body : null }, res);
 }
 

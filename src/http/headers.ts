@@ -132,6 +132,21 @@ export function filterRawHeaders(raw: readonly string[], policy: HeaderPolicy): 
   return out;
 }
 
+/**
+ * The same filter into a flat list ([name, value, name, value, ...], lower-cased names),
+ * as undici takes a request's headers: a repeated header stays where the peer sent each of
+ * its lines. The forwarder's request to the upstream: one array per request, where a
+ * record cost an object grown a property at a time and undici's Object.keys over it.
+ */
+export function filterRawHeaderList(raw: readonly string[], policy: HeaderPolicy): string[] {
+  const out: string[] = [];
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = (raw[i] as string).toLowerCase();
+    if (allowed(name, policy)) out.push(name, raw[i + 1] as string);
+  }
+  return out;
+}
+
 /** Adds a header, keeping repeats as an array so nothing the peer sent separately is merged. */
 function appendHeader(out: HeaderRecord, name: string, value: string): void {
   const prev = out[name];

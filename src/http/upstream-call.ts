@@ -18,7 +18,8 @@ export function upstreamTarget(url: URL): UpstreamTarget {
 export interface UpstreamRequest {
   target: UpstreamTarget;
   method: string;
-  headers: HeaderRecord;
+  /** A record, or a flat list ([name, value, …]) as filterRawHeaderList gives. */
+  headers: HeaderRecord | string[];
   body: Buffer | Readable | null;
 }
 

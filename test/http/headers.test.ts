@@ -7,6 +7,7 @@ import {
   dropRawHeaders,
   filterHeaderRecord,
   filterRawHeaders,
+  filterRawHeaderList,
   upstreamToAgentPolicy,
   type HeaderRecord,
 } from '../../src/http/headers.js';
@@ -295,4 +296,19 @@ t.test('cli-proxy: filterResponseRecord keeps what CLIs read, drops the rest and
   const expected: HeaderRecord = { ...kept };
   delete expected.etag; // named by the upstream's Connection: hop-by-hop for this answer
   t.same(out, expected);
+});
+
+t.test('filterRawHeaderList: the allow-list into a flat list, names lower-cased, repeats where they were sent', async (t) => {
+  const raw = ['Accept', 'application/json', 'Cookie', 'c=1', 'MCP-Param-Region', 'eu', 'X-Forwarded-For', '1.2.3.4', 'accept', 'text/event-stream', 'Authorization', 'Bearer agent', 'Mcp-Session-Id', 's1', 'X-Request-Id', 'agent-id'];
+  t.strictSame(filterRawHeaderList(raw, agentToUpstreamPolicy), ['accept', 'application/json', 'mcp-param-region', 'eu', 'accept', 'text/event-stream', 'mcp-session-id', 's1']);
+  t.strictSame(filterRawHeaderList(['Accept'], agentToUpstreamPolicy), [], 'a name without a value is dropped');
+  // The same headers as the record filter, bar the grouping of repeats.
+  const record = filterRawHeaders(raw, agentToUpstreamPolicy);
+  const list = filterRawHeaderList(raw, agentToUpstreamPolicy);
+  const grouped: Record<string, string[]> = {};
+  for (let i = 0; i < list.length; i += 2) (grouped[list[i] as string] ??= []).push(list[i + 1] as string);
+  t.strictSame(
+    Object.fromEntries(Object.entries(grouped).map(([k, v]) => [k, v.length === 1 ? v[0] : v])),
+    record,
+  );
 });
