@@ -21,9 +21,10 @@ export const ACCESS_FLUSH_CHARS = 32 * 1024;
  * SIGKILL (or a watchdog SIGABRT) can lose access lines: those of the last 20 ms.
  */
 export class LogSink {
-  // The pieces of the window's lines: the first `count` entries; every entry past them is
-  // ''. The array keeps its size from window to window (emptied by filling, never by
-  // shortening): regrowing it for each window cost more garbage than the lines themselves.
+  // The pieces of the window's lines: the first `count` entries (any past them are stale,
+  // cut at the write). The array keeps its store from window to window (emptied by
+  // filling, never to length 0, which frees the store): regrowing it for each window cost
+  // more garbage than the lines themselves.
   private readonly pending: string[] = [];
   private count = 0;
   private pendingChars = 0;
@@ -75,9 +76,13 @@ export class LogSink {
 
   flush(): void {
     if (this.count === 0) return;
-    // The entries past `count` are '': joining the whole array joins the window.
-    const lines = this.count === 1 ? (this.pending[0] as string) : this.pending.join('');
-    this.pending.fill('', 0, this.count);
+    const p = this.pending;
+    // Cut to the window (join's scratch is as long as the array). A shorter length keeps
+    // the store unless it is far larger; a longer window appends into it.
+    if (p.length !== this.count) p.length = this.count;
+    const lines = this.count === 1 ? (p[0] as string) : p.join('');
+    // The pieces let go at once, the length kept.
+    p.fill('', 0, this.count);
     this.count = 0;
     this.pendingChars = 0;
     this.dest.write(lines);
