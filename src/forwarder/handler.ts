@@ -108,7 +108,7 @@ async function handle(deps: ForwarderDeps, req: IncomingMessage, res: ServerResp
   let token = read.token;
   // A flat list, its last value the Authorization header's (set by send, per attempt).
   // Neither name passes the agent's filter: the agent can send neither.
-  const baseHeaders = filterRawHeaderList(req.rawHeaders, agentToUpstreamPolicy);
+  const baseHeaders = filterRawHeaderList(req.rawHeaders, agentToUpstreamPolicy, 4);
   baseHeaders.push('x-request-id', rec.reqId, 'authorization', '');
 
   let call = send(deps, state.target, res, method, baseHeaders, body, token);

@@ -138,12 +138,19 @@ export function filterRawHeaders(raw: readonly string[], policy: HeaderPolicy): 
  * its lines. The forwarder's request to the upstream: one array per request, where a
  * record cost an object grown a property at a time and undici's Object.keys over it.
  */
-export function filterRawHeaderList(raw: readonly string[], policy: HeaderPolicy): string[] {
-  const out: string[] = [];
+export function filterRawHeaderList(raw: readonly string[], policy: HeaderPolicy, room = 0): string[] {
+  // Sized once for the most it can hold and the caller's `room` (its own headers, pushed
+  // after): growing by push cost two stores per request. Cut to what was kept, which
+  // leaves the store as it is.
+  const out = new Array<string>(raw.length + room);
+  let n = 0;
   for (let i = 0; i + 1 < raw.length; i += 2) {
     const name = (raw[i] as string).toLowerCase();
-    if (allowed(name, policy)) out.push(name, raw[i + 1] as string);
+    if (!allowed(name, policy)) continue;
+    out[n++] = name;
+    out[n++] = raw[i + 1] as string;
   }
+  out.length = n;
   return out;
 }
 
