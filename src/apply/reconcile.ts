@@ -381,6 +381,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
         providers: Object.keys(plan.catalog).length,
         newSlots: plan.newSlots.length,
         slotFilesRead: slotFiles.read,
+        slotFilesLooked: slotFiles.looked,
         retiredSlots: plan.retireSlots.length,
         deletedTokenFiles: deleted,
       },
