@@ -14,16 +14,8 @@
  * come in the same order (`Object.keys`, the order `JSON.stringify` uses); a record with
  * no key prints as `{}`. test/apply/config-text.test.ts compares with `JSON.stringify`.
  */
-const entryTexts = new WeakMap<object, string>();
-
-function entryText(value: object): string {
-  let text = entryTexts.get(value);
-  if (text === undefined) {
-    text = JSON.stringify(value, null, 2).replaceAll('\n', '\n  ');
-    entryTexts.set(value, text);
-  }
-  return text;
-}
+/** Per entry object: its key and its member's text (`  "<key>": <value>`). */
+const memberTexts = new WeakMap<object, { key: string; text: string }>();
 
 const isPlainEntry = (v: unknown): v is object =>
   typeof v === 'object' && v !== null && !Array.isArray(v) && !('toJSON' in v) && (Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null);
@@ -34,12 +26,20 @@ export function configText(value: unknown): string {
   const record = value as Record<string, unknown>;
   const keys = Object.keys(record);
   if (keys.length === 0) return '{}\n';
-  const parts: string[] = [];
-  for (const key of keys) {
+  const parts: string[] = new Array<string>(keys.length);
+  for (let i = 0; i < keys.length; i++) {
+    const key = keys[i]!;
     const entry = record[key];
+    const kept = typeof entry === 'object' && entry !== null ? memberTexts.get(entry) : undefined;
+    if (kept?.key === key) {
+      parts[i] = kept.text;
+      continue;
+    }
     // Anything but a plain object (no entry of ours) is printed as JSON.stringify would, uncached.
     if (!isPlainEntry(entry)) return `${JSON.stringify(value, null, 2)}\n`;
-    parts.push(`  ${JSON.stringify(key)}: ${entryText(entry)}`);
+    const text = `  ${JSON.stringify(key)}: ${JSON.stringify(entry, null, 2).replaceAll('\n', '\n  ')}`;
+    memberTexts.set(entry, { key, text });
+    parts[i] = text;
   }
   return `{\n${parts.join(',\n')}\n}\n`;
 }

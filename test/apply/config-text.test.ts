@@ -19,6 +19,8 @@ t.test('configText is JSON.stringify(value, null, 2) byte for byte', async (t) =
     null,
   ];
   for (const c of cases) t.equal(configText(c), pretty(c), JSON.stringify(c) ?? 'undefined');
+  const shared = { instanceId: 'i', tokenFile: '/t' };
+  for (const c of [{ a: shared }, { b: shared }, { a: shared, b: shared }]) t.equal(configText(c), pretty(c), 'one entry object under another key');
 });
 
 t.test('a registry made by toLocalConfig: the same bytes across states that reuse entries', async (t) => {
