@@ -121,6 +121,20 @@ export function parseDesiredStateAfter(text: string, previous?: ValidatedState):
   return { result: value, validated: { value: value.value, json: { bindings: json.value.bindings as JsonRecord, providers: json.value.providers as JsonRecord } } };
 }
 
+/**
+ * `Object.fromEntries(keys.map((k) => [k, value(k)]))` without a pair per key (10 000
+ * bindings per state, twice). Every key an own property, as `fromEntries` makes it: a
+ * `__proto__` key is defined, never assigned (which would set the prototype).
+ */
+function recordOf<V>(keys: readonly string[], value: (key: string) => V): Record<string, V> {
+  const record: Record<string, V> = {};
+  for (const key of keys) {
+    if (key === '__proto__') Object.defineProperty(record, key, { value: value(key), enumerable: true, writable: true, configurable: true });
+    else record[key] = value(key);
+  }
+  return record;
+}
+
 /** The state from what changed since `previous` plus `previous`'s values, or undefined for "take the full parse". */
 function unchangedReused(json: unknown, previous: ValidatedState): ParseResult<DesiredState> | undefined {
   if (!isRecord(json) || !isRecord(json.bindings) || !isRecord(json.providers)) return undefined;
@@ -142,9 +156,10 @@ function unchangedReused(json: unknown, previous: ValidatedState): ParseResult<D
   const checked = desiredStateSchema.safeParse(changed);
   if (!checked.success) return undefined;
   const pick = <V>(fresh: Record<string, V>, old: Record<string, V>) => (key: string): [string, V] => [key, (Object.hasOwn(fresh, key) ? fresh[key] : old[key]) as V];
+  const pickBinding = pick(checked.data.bindings, previous.value.bindings);
   const state: DesiredState = {
     version: checked.data.version,
-    bindings: Object.fromEntries(bindingIds.map(pick(checked.data.bindings, previous.value.bindings))),
+    bindings: recordOf(bindingIds, (id) => pickBinding(id)[1]),
     providers: Object.fromEntries(providerNames.map(pick(checked.data.providers, previous.value.providers))),
   };
   // The rules across providers (desiredStateSchema's superRefine), on the whole.
@@ -216,7 +231,7 @@ export function toLocalConfig(state: DesiredState, layout: TokenLayout): { insta
     }
     return entry;
   };
-  const instances: InstancesFile = Object.fromEntries(Object.entries(state.bindings).map(([id, b]) => [id, local(b)]));
+  const instances: InstancesFile = recordOf(Object.keys(state.bindings), (id) => local(state.bindings[id]!));
   const catalog: Catalog = Object.fromEntries(
     Object.entries(state.providers).map(([name, p]) => [
       name,
