@@ -18,7 +18,8 @@ t.test('configText is JSON.stringify(value, null, 2) byte for byte', async (t) =
     [],
     null,
   ];
-  for (const c of cases) t.equal(configText(c), pretty(c), JSON.stringify(c) ?? 'undefined');
+  // By index: a raw U+2028 in a message would break the TAP line.
+  cases.forEach((c, i) => t.equal(configText(c), pretty(c), `case ${i}`));
   const shared = { instanceId: 'i', tokenFile: '/t' };
   for (const c of [{ a: shared }, { b: shared }, { a: shared, b: shared }]) t.equal(configText(c), pretty(c), 'one entry object under another key');
 });
