@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { lstatSync, watch, type FSWatcher } from 'node:fs';
 import { basename, join } from 'node:path';
 import { emptySlotFile, readSlotFile, readSlotManifest, slotFileName, slotManifestPath, slotManifestText, type HandoffPaths, type SlotFile } from '../data/handoff.js';
@@ -299,9 +300,9 @@ export async function ensureSlots(paths: HandoffPaths, slots: readonly string[],
   let full = true;
   if (w) {
     await settled();
-    full = w.full || Date.now() - w.lastFull >= FULL_CHECK_MS;
+    full = w.full || performance.now() - w.lastFull >= FULL_CHECK_MS;
     // From here on, what is touched is for the next look (a change during this one included).
-    if (full) Object.assign(w, { full: false, lastFull: Date.now() });
+    if (full) Object.assign(w, { full: false, lastFull: performance.now() });
   }
   const looked = new Set<string>();
   const unknown = slots.filter((s) => {
