@@ -86,8 +86,9 @@ function isKnownGood(path: string): boolean {
  *   removed or replaced, an event without a name).
  * - node does not report an inotify queue overflow (libuv drops `IN_Q_OVERFLOW`): the
  *   full check also runs when the last one is older than `FULL_CHECK_MS`, which bounds how
- *   long a lost event can hide a change. Apply reads its events as they come, so an
- *   overflow (16 384 queued by default) needs it blocked for seconds in a burst.
+ *   long a lost event can hide a change. apply's own writes are most of the events (≈ 5
+ *   per slot file), and it takes a loop turn every 256 of them (here and in the inbox's
+ *   waves), far below the 16 384 queued by default.
  * - `healInForce` at every start reads every file, as before.
  */
 const FULL_CHECK_MS = 60_000;
