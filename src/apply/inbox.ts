@@ -382,6 +382,9 @@ async function planEntry(deps: ApplyDeps, msg: InboxFile, stats: ApplyStats, rou
   return { kind: 'write', slot, msg, files: await deps.tokenFilesFor(slot, round) };
 }
 
+/** See `applyWave`: between two loop turns, at most this many slot files written. */
+const SLOT_WRITES_PER_TURN = 256;
+
 /**
  * One wave of a batch: at most one entry per slot, so the entries do not depend on each
  * other. Tokens first, each on disk before its slot file says so; then the slot files.
@@ -433,7 +436,12 @@ async function applyWave(deps: ApplyDeps, wave: readonly InboxFile[], stats: App
   if (writes.length > 0) crashPoint('apply-after-token-write');
 
   const revokedDirs = new Set<string>();
+  let slotWrites = 0;
   for (const plan of plans) {
+    // A loop turn every SLOT_WRITES_PER_TURN slot files: a wave of 32 batches holds up to
+    // 16 384, each write ≈ 5 inotify events on slots/ for apply's own watch (`ensureSlots`),
+    // whose queue (16 384 by default) overflows silently when it is not read.
+    if (plan.kind !== 'skip' && ++slotWrites % SLOT_WRITES_PER_TURN === 0) await new Promise((resolve) => setImmediate(resolve));
     if (plan.kind === 'revoke') {
       // The token is dead upstream: it must not stay on disk (SPEC §8), whoever uses it.
       let deleted = 0;

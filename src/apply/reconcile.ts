@@ -8,13 +8,14 @@ import { desiredStateVersion, MAX_STATE_BYTES, ownListenerUpstream, parseDesired
 import { sameJsonValue, type ParseResult } from '../data/parse.js';
 import { slotOfFileName, type HandoffPaths } from '../data/handoff.js';
 import type { InstancesFile } from '../data/registry.js';
-import { parseSlotId } from '../data/renew-wire.js';
+import { cliSlot, instanceSlot, parseSlotId } from '../data/renew-wire.js';
 import { tokenPath, type TokenLayout } from '../data/token-path.js';
 import { atomicWrite, ownerFor, sweepStaleTemps } from '../fs/atomic-write.js';
 import { readBoundedRegularFile, UnsafeFileError } from '../fs/bounded-read.js';
 import { withFileLock } from '../fs/file-lock.js';
 import type { Logger } from '../log/logger.js';
 import { crashPoint } from '../service/test-hooks.js';
+import { configText } from './config-text.js';
 import type { LocalConfigFiles, RememberedFile } from './local-config.js';
 import { deleteFile, eachInParallel, ensureSlots, manifestSlots, retireSlot, writeManifest } from './slot-admin.js';
 
@@ -94,25 +95,47 @@ export function planReconcile(
   layout: TokenLayout,
 ): ReconcilePlan {
   // O(n) passes without intermediate arrays: with 10 000 in force this runs for every
-  // change of one binding, before the registry is written.
+  // change of one binding, before the registry is written. `toLocalConfig` reuses the
+  // registry entry of every unchanged binding (the same object), and apply's registry in
+  // force is the one it wrote (`RememberedFile`), so an entry of the registry in force
+  // that is the new registry's entry under the same id names a slot and a token file the
+  // state keeps: only the entries that differ (a disconnect: one) are looked at for what
+  // to retire and delete. A registry someone else wrote is all new objects: all looked at.
   const { instances, catalog } = toLocalConfig(desired, layout);
   const wanted = slotsOf(desired);
   const ensureSlots = [...wanted].sort();
   const newSlots = ensureSlots.filter((s) => !current.slots.has(s));
   const retire = new Set<string>();
   for (const s of current.slots) if (!wanted.has(s)) retire.add(s);
-  for (const s of slotsOf({ bindings: current.instances, providers: current.catalog })) if (!wanted.has(s)) retire.add(s);
+  const differing: InstancesFile[string][] = [];
+  for (const id of Object.keys(current.instances)) {
+    const b = current.instances[id]!;
+    if (Object.hasOwn(instances, id) && instances[id] === b) continue;
+    differing.push(b);
+    const slot = instanceSlot(b.instanceId);
+    if (!wanted.has(slot)) retire.add(slot);
+  }
+  for (const name of Object.keys(current.catalog)) {
+    const slot = cliSlot(name);
+    if (!wanted.has(slot)) retire.add(slot);
+  }
   const retireSlots = [...retire].sort();
-  const keep = new Set<string>();
-  for (const b of Object.values(instances)) keep.add(b.tokenFile);
-  for (const p of Object.values(catalog)) keep.add(p.tokenFile);
+  // Token files the state may no longer use; then the ones it still names are struck off.
   const gone = new Set<string>();
   const consider = (file: string | undefined): void => {
-    if (file !== undefined && !keep.has(file)) gone.add(file);
+    if (file !== undefined) gone.add(file);
   };
-  for (const b of Object.values(current.instances)) consider(b.tokenFile);
-  for (const p of Object.values(current.catalog)) consider(p.tokenFile);
+  for (const b of differing) consider(b.tokenFile);
+  for (const name of Object.keys(current.catalog)) {
+    const file = current.catalog[name]!.tokenFile;
+    // The same provider with the same file (the catalog's entries are new objects each state).
+    if (!(Object.hasOwn(catalog, name) && catalog[name]!.tokenFile === file)) consider(file);
+  }
   for (const s of retireSlots) consider(defaultTokenFile(s, layout));
+  if (gone.size > 0) {
+    for (const b of Object.values(instances)) gone.delete(b.tokenFile);
+    for (const p of Object.values(catalog)) gone.delete(p.tokenFile);
+  }
   const deleteTokenFiles = [...gone].sort();
   return {
     instances,
@@ -196,7 +219,7 @@ export async function writeConfig<T>(file: RememberedFile<T>, value: T): Promise
   const dir = dirname(file.path);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   await sweepStaleTemps(dir, { target: basename(file.path) });
-  file.wrote(value, await atomicWrite(file.path, `${JSON.stringify(value, null, 2)}\n`, { mode: 0o600, owner: await ownerFor(dir) }));
+  file.wrote(value, await atomicWrite(file.path, configText(value), { mode: 0o600, owner: await ownerFor(dir) }));
 }
 
 /**
@@ -358,6 +381,7 @@ export async function reconcileDesiredState(deps: ReconcileDeps): Promise<Reconc
         providers: Object.keys(plan.catalog).length,
         newSlots: plan.newSlots.length,
         slotFilesRead: slotFiles.read,
+        slotFilesLooked: slotFiles.looked,
         retiredSlots: plan.retireSlots.length,
         deletedTokenFiles: deleted,
       },

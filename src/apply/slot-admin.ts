@@ -1,5 +1,6 @@
-import { lstatSync } from 'node:fs';
-import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { lstatSync, watch, type FSWatcher } from 'node:fs';
+import { basename, join } from 'node:path';
 import { emptySlotFile, readSlotFile, readSlotManifest, slotFileName, slotManifestPath, slotManifestText, type HandoffPaths, type SlotFile } from '../data/handoff.js';
 import { atomicWrite, atomicWriteSync, fsyncDir } from '../fs/atomic-write.js';
 import { deleteFile } from '../fs/delete-file.js';
@@ -67,6 +68,86 @@ function isKnownGood(path: string): boolean {
   knownGood.delete(path);
   return false;
 }
+
+/**
+ * Which known-good slot files a new state must look at again: the ones something touched
+ * since the last look, by an inotify watch of slots/ (`fs.watch`, which names the entry for
+ * every create, write, attribute change, rename and delete in the directory, whoever did
+ * it). With 10 000 in force the check of every known file (an lstat each) was ~10 % of
+ * apply's CPU in the renewal burst, one state per disconnect; now a state looks at the
+ * files written since the last one (apply's own token writes among them: still one lstat
+ * each, which finds them as apply left them).
+ *
+ * What keeps it as safe as the lstat of every file:
+ * - A change completed before the check is seen: the kernel queues the event with the
+ *   write, and the check first lets the event loop run a full turn (`settled`), which
+ *   reads every queued event.
+ * - The watch starts with a full check, and so does a new watch after an error (slots/
+ *   removed or replaced, an event without a name).
+ * - node does not report an inotify queue overflow (libuv drops `IN_Q_OVERFLOW`): the
+ *   full check also runs when the last one is older than `FULL_CHECK_MS`, which bounds how
+ *   long a lost event can hide a change. apply's own writes are most of the events (≈ 5
+ *   per slot file), and it takes a loop turn every 256 of them (here and in the inbox's
+ *   waves), far below the 16 384 queued by default.
+ * - `healInForce` at every start reads every file, as before.
+ */
+const FULL_CHECK_MS = 60_000;
+const MAX_TOUCHED = 100_000;
+
+interface SlotsWatch {
+  watcher: FSWatcher;
+  /** slots/'s identity when the watch was set. */
+  dir: string;
+  /** Paths touched since they were last looked at; `full`: look at every one. */
+  touched: Set<string>;
+  full: boolean;
+  lastFull: number;
+}
+const watches = new Map<string, SlotsWatch>();
+
+/** slots/ itself, by inode: a watch is of the directory it was set on, not of the path. */
+const dirIdentity = (dir: string): string | undefined => {
+  const st = lstatSync(dir, { throwIfNoEntry: false });
+  return st?.isDirectory() ? `${st.dev}:${st.ino}` : undefined;
+};
+
+function watchOf(dir: string): SlotsWatch | undefined {
+  const existing = watches.get(dir);
+  // slots/ removed or replaced (only root can: the hand-off root is sticky): a new watch.
+  if (existing && existing.dir === dirIdentity(dir)) return existing;
+  if (existing) {
+    existing.watcher.close();
+    watches.delete(dir);
+  }
+  const identity = dirIdentity(dir);
+  if (identity === undefined) return undefined;
+  let w: SlotsWatch;
+  const lost = (): void => {
+    w.watcher.close();
+    if (watches.get(dir) === w) watches.delete(dir);
+  };
+  try {
+    const watcher = watch(dir, { persistent: false, encoding: 'utf8' }, (_event, name) => {
+      // No name: the watched directory itself went (or an event node could not name).
+      if (!name || name === basename(dir)) return lost();
+      // Only what can be a slot file (`slotOfFileName`'s cheap half): not the temp files
+      // (`.<name>.<pid>.<random>.tmp`, one new name per write) nor the manifest. Names
+      // created faster than states come (only the link's group could) end in a full look.
+      if (name.startsWith('.') || !name.endsWith('.json')) return;
+      if (w.touched.size >= MAX_TOUCHED) Object.assign(w, { full: true, touched: new Set() });
+      else w.touched.add(join(dir, name));
+    });
+    w = { watcher, dir: identity, touched: new Set(), full: true, lastFull: 0 };
+  } catch {
+    return undefined;
+  }
+  w.watcher.on('error', lost);
+  watches.set(dir, w);
+  return w;
+}
+
+/** A full turn of the event loop (its poll phase included): every event already queued is read. */
+const settled = (): Promise<void> => new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
 
 /**
  * The slot in force, as `readSlotFile` returns it, without reading a file this process
@@ -200,6 +281,8 @@ export interface EnsureSlotsResult {
   written: string[];
   /** Slot files read: the present ones this process did not already know to be good. */
   read: number;
+  /** Slot files looked at (an lstat): all at a full look, else the ones touched since the last (`SlotsWatch`). */
+  looked: number;
 }
 
 /**
@@ -214,7 +297,30 @@ export interface EnsureSlotsResult {
  */
 export async function ensureSlots(paths: HandoffPaths, slots: readonly string[], present: ReadonlySet<string>, options: { revive?: boolean } = {}): Promise<EnsureSlotsResult> {
   const write: SlotFile[] = [];
-  const unknown = slots.filter((s) => present.has(s) && !isKnownGood(join(paths.slots, slotFileName(s))));
+  const w = watchOf(paths.slots);
+  let full = true;
+  if (w) {
+    await settled();
+    full = w.full || performance.now() - w.lastFull >= FULL_CHECK_MS;
+    // From here on, what is touched is for the next look (a change during this one included).
+    if (full) Object.assign(w, { full: false, lastFull: performance.now() });
+  }
+  const looked = new Set<string>();
+  const unknown = slots.filter((s) => {
+    if (!present.has(s)) return false;
+    const path = join(paths.slots, slotFileName(s));
+    if (full || !w || w.touched.has(path) || knownGood.get(path) === undefined) {
+      looked.add(path);
+      return !isKnownGood(path);
+    }
+    return false;
+  });
+  if (w) {
+    if (full) w.touched.clear();
+    // A touched path not looked at stays for the next look, unless nothing is known of it
+    // (a removed slot, a name that is no slot's: read whenever it is wanted).
+    else for (const path of w.touched) if (looked.has(path) || knownGood.get(path) === undefined) w.touched.delete(path);
+  }
   await eachInParallel(unknown, async (slot) => {
     const path = join(paths.slots, slotFileName(slot));
     const identity = identityOf(path);
@@ -223,7 +329,7 @@ export async function ensureSlots(paths: HandoffPaths, slots: readonly string[],
     if (!existing) write.push(emptySlotFile(slot));
     else if (existing.revoked && options.revive !== false) write.push({ ...existing, revoked: undefined });
   });
-  const result = { written: write.map((s) => s.slot), read: unknown.length };
+  const result = { written: write.map((s) => s.slot), read: unknown.length, looked: looked.size };
   if (write.length === 0) return result;
   // Never through a symlink the link planted in place of slots/.
   await ensureHandoffDir(paths, 'slots');

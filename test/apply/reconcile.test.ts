@@ -50,6 +50,25 @@ t.test('plan: a dropped binding and provider are retired and their token files d
   t.ok(plan.writeInstances && plan.writeCatalog);
 });
 
+t.test('plan: a next state that reuses the parsed values (as apply\'s parse does): only what differs is retired and deleted', async (t) => {
+  const s1 = state(1, { [B1]: 'i1', [B2]: 'i2', [B3]: 'i2' }, ['gh', 'jira']);
+  const first = planReconcile({ instances: {}, catalog: {}, slots: new Set() }, s1, layout);
+  const current = { instances: first.instances, catalog: first.catalog, slots: new Set(first.ensureSlots) };
+  // B3 gone, its instance still bound by B2: nothing retired, no token deleted.
+  const s2: DesiredState = { version: 2, bindings: { [B1]: s1.bindings[B1]!, [B2]: s1.bindings[B2]! }, providers: s1.providers };
+  const second = planReconcile(current, s2, layout);
+  t.equal(second.instances[B1], first.instances[B1], 'the unchanged entry is the same object');
+  t.same([second.retireSlots, second.deleteTokenFiles, second.newSlots], [[], [], []]);
+  t.ok(second.writeInstances);
+  t.notOk(second.writeCatalog, 'the same catalog');
+  // B1 moved to another instance and jira gone: i1 and jira retired, their tokens deleted.
+  const s3: DesiredState = { version: 3, bindings: { [B1]: { instanceId: 'i3', upstreamUrl: 'https://gw.example/i3' }, [B2]: s1.bindings[B2]! }, providers: { gh: s1.providers.gh! } };
+  const third = planReconcile({ instances: second.instances, catalog: second.catalog, slots: new Set(second.ensureSlots) }, s3, layout);
+  t.same(third.newSlots, ['instance:i3']);
+  t.same(third.retireSlots, ['cli:jira', 'instance:i1']);
+  t.same(third.deleteTokenFiles, ['/s/cli-proxy/jira.token', '/s/mcp-forwarder/i1.token']);
+});
+
 t.test('plan: the same state is no write; slot files of nothing (a crash after the registry write) are still retired and their tokens deleted', async (t) => {
   const s = state(3, { [B1]: 'i1' }, []);
   const first = planReconcile({ instances: {}, catalog: {}, slots: new Set() }, s, layout);

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { handoffPaths, readSlotFile, readSlots, SLOT_MANIFEST_FILE, slotFileSchema, slotManifestText, type HandoffPaths, type SlotFile } from '../../src/data/handoff.js';
@@ -101,7 +101,7 @@ t.test('writeSlotFile: 0640, atomic, creates the directory', async (t) => {
 t.test('ensureSlots: no file for a slot without one (the manifest names it); the unreadable rewritten, the revoked revived; the good left; a symlink refused', async (t) => {
   const p = handoff();
   const slots = Array.from({ length: 300 }, (_, i) => `instance:inst-${String(i).padStart(3, '0')}`);
-  t.same(await ensureSlots(p, slots, new Set()), { written: [], read: 0 }, 'a new slot gets no file of its own');
+  t.has(await ensureSlots(p, slots, new Set()), { written: [], read: 0 }, 'a new slot gets no file of its own');
   t.notOk(existsSync(p.slots) && readdirSync(p.slots).length > 0, 'nothing written');
   await writeSlotFile(p, { slot: slots[0]!, tokenId: null, expiresAt: null, generation: 0 });
   const good = slots[1]!;
@@ -177,7 +177,8 @@ t.test('ensureSlots: a new state reads only the slot files this process does not
   // Slots that hold a token: their files written by apply's inbox (known to this process).
   for (const slot of slots) await writeSlotFile(p, { slot, tokenId: 'tid_0', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 });
   const all = new Set(slots);
-  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0 }, 'the next state (one gone): nothing read, nothing written');
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0, looked: 49 }, 'the next state (one gone): nothing read, nothing written; the first look of this process at slots/ looks at every file');
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0, looked: 0 }, 'nothing touched since: no file looked at');
 
   // Changed behind this process's back, each a way the link's group or another apply can:
   // a revocation renamed in (a new inode), a file emptied in place.
@@ -188,12 +189,36 @@ t.test('ensureSlots: a new state reads only the slot files this process does not
   renameSync(other, revokedPath);
   writeFileSync(slotPath(p, slots[2]!), '');
   const r = await ensureSlots(p, slots.slice(1), all);
-  t.same({ written: [...r.written].sort(), read: r.read }, { written: [revokedSlot, slots[2]], read: 2 }, 'the two changed ones read (and written again), no other');
+  t.same({ written: [...r.written].sort(), read: r.read, looked: r.looked }, { written: [revokedSlot, slots[2]], read: 2, looked: 2 }, 'the two changed ones looked at and read (and written again), no other');
   t.notOk((await readSlotFile(p, revokedSlot))?.revoked, 'the revocation seen and the slot revived');
   t.equal((await readSlotFile(p, revokedSlot))?.generation, 3, 'what it held is kept');
 
   // A revocation apply itself applied (inbox) is known too: the next state revives it without a listing of every file.
   await writeSlotFile(p, { slot: slots[3]!, tokenId: 'tid_3', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1, revoked: true });
-  t.same(await ensureSlots(p, slots.slice(1), all), { written: [slots[3]], read: 1 }, 'only the revoked one read, and revived');
-  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0 });
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [slots[3]], read: 1, looked: 3 }, 'only the revoked one read, and revived (the two rewritten before looked at again)');
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0, looked: 1 }, 'the one revived looked at again');
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [], read: 0, looked: 0 });
+
+  // An edit in place by root (bind, an operator) and a chmod: touched, looked at.
+  writeFileSync(slotPath(p, slots[5]!), `${JSON.stringify({ slot: slots[5], tokenId: 'tid_5', expiresAt: '2030-01-01T00:00:00.000Z', generation: 2, revoked: true })}\n`);
+  t.same(await ensureSlots(p, slots.slice(1), all), { written: [slots[5]], read: 1, looked: 1 }, 'edited in place: seen, revived');
+  chmodSync(slotPath(p, slots[6]!), 0o600);
+  t.has(await ensureSlots(p, slots.slice(1), all), { read: 1 }, 'a chmod changes the ctime: read again');
+});
+
+t.test('ensureSlots: slots/ replaced by another directory (root only: the hand-off root is sticky): every file looked at again', async (t) => {
+  const p = handoff();
+  const slots = Array.from({ length: 5 }, (_, i) => `instance:inst-${i}`);
+  for (const slot of slots) await writeSlotFile(p, { slot, tokenId: 'tid_0', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 });
+  const all = new Set(slots);
+  t.has(await ensureSlots(p, slots, all), { looked: 5 }, 'the first look: all');
+  t.has(await ensureSlots(p, slots, all), { looked: 0 });
+  // The same names, one revoked, in a new directory moved into place.
+  const next = `${p.slots}.next`;
+  mkdirSync(next);
+  for (const slot of slots) writeFileSync(join(next, slotPath(p, slot).slice(p.slots.length + 1)), `${JSON.stringify({ slot, tokenId: 'tid_1', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1, revoked: slot === slots[2] })}\n`, { mode: 0o640 });
+  rmSync(p.slots, { recursive: true });
+  renameSync(next, p.slots);
+  t.same(await ensureSlots(p, slots, all), { written: [slots[2]], read: 5, looked: 5 }, 'a new directory: all looked at and read, the revoked one revived');
+  t.has(await ensureSlots(p, slots, all), { read: 0, looked: 1 }, 'then only the one rewritten');
 });

@@ -1,4 +1,4 @@
-import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
+import { mkdirSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import t from 'tap';
 import { localConfigFiles } from '../../src/apply/local-config.js';
@@ -116,4 +116,37 @@ t.test('cli slots: an invalid providers.json throws, every time, naming the file
 t.test('an invalid slot id throws', async (t) => {
   const c = targets();
   for (const s of ['inst-1', 'instance:', 'instance:a/b', 'other:x']) await t.rejects(c.tokenFilesFor(s), s);
+});
+
+t.test('instance slots: registries that share entries (as apply writes them) index from the last one', async (t) => {
+  const layout = stateLayout(join(tempDir('ac-targets-', t), 'state'));
+  const files = localConfigFiles(layout);
+  const tokenFilesFor = tokenTargets(files, layout);
+  const f = (name: string): string => join(layout.forwarderDir, name);
+  // As reconcile does: the file written, and the value kept (RememberedFile.wrote).
+  const write = async (value: Record<string, ReturnType<typeof binding>>): Promise<void> => {
+    replace(layout.instances, value);
+    files.instances.wrote(value, statSync(layout.instances));
+  };
+  const a = binding('inst-1', f('a.token'));
+  const b = binding('inst-2', f('b.token'));
+  const c = binding('inst-2', f('c.token'));
+  await write({ 'bind-0001': a, 'bind-0002': b });
+  t.strictSame(await tokenFilesFor('instance:inst-1'), [f('a.token')]);
+  t.strictSame(await tokenFilesFor('instance:inst-2'), [f('b.token')]);
+  // inst-1 gone, inst-2 gains a second file, inst-3 new; bind-0002's entry is the same object.
+  await write({ 'bind-0002': b, 'bind-0003': c, 'bind-0004': binding('inst-3', f('d.token')) });
+  t.strictSame(await tokenFilesFor('instance:inst-1'), [join(layout.forwarderDir, 'inst-1.token')], 'gone: the default');
+  t.strictSame((await tokenFilesFor('instance:inst-2')).sort(), [f('b.token'), f('c.token')]);
+  t.strictSame(await tokenFilesFor('instance:inst-3'), [f('d.token')]);
+  // One of inst-2's two bindings moves to another instance; a changed entry under the same id.
+  await write({ 'bind-0002': b, 'bind-0003': binding('inst-1', f('c.token')), 'bind-0004': binding('inst-3', f('e.token')) });
+  t.strictSame(await tokenFilesFor('instance:inst-2'), [f('b.token')]);
+  t.strictSame(await tokenFilesFor('instance:inst-1'), [f('c.token')]);
+  t.strictSame(await tokenFilesFor('instance:inst-3'), [f('e.token')]);
+  // Everything gone, then an entry of the first registry back.
+  await write({});
+  t.strictSame(await tokenFilesFor('instance:inst-2'), [join(layout.forwarderDir, 'inst-2.token')], 'an empty registry');
+  await write({ 'bind-0001': a });
+  t.strictSame(await tokenFilesFor('instance:inst-1'), [f('a.token')]);
 });

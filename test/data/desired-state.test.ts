@@ -199,4 +199,12 @@ t.test('ownListenerUpstream: an upstream at one of the host\'s own listener port
   t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:0014323/i/x/mcp' } } }), ports), /port 14323/, 'leading zeros');
   t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:143\t2\n3/i/x/mcp' } } }), ports), /port 14323/, 'split by what the URL parser drops');
   t.match(ownListenerUpstream(parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://localhost/mcp' } } }), [80]), /port 80/, 'a default port');
+  // The answer is kept per binding value and set of ports: the same value under other ports is asked again.
+  const one = parse({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:8080/mcp' } } });
+  t.equal(ownListenerUpstream(one, ports), undefined, 'kept: not a listener');
+  t.match(ownListenerUpstream(one, [8080]), /port 8080/, 'the same value, other ports');
+  t.equal(ownListenerUpstream(one, ports), undefined, 'and back');
+  const next = parseDesiredStateAfter(state({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:8080/mcp' }, 'another-binding-id': { ...binding, upstreamUrl: 'http://127.0.0.1:14324/p' } } }), parseDesiredStateAfter(state({ bindings: { [BID]: { ...binding, upstreamUrl: 'http://127.0.0.1:8080/mcp' } } })).validated);
+  t.ok(next.result.ok);
+  if (next.result.ok) t.match(ownListenerUpstream(next.result.value, ports), /port 14324/, 'a reused value beside a new one');
 });
