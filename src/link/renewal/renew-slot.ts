@@ -21,6 +21,19 @@ export interface RenewDeps {
   credential: HostCredential;
   log: Logger;
   signal?: AbortSignal;
+  /**
+   * This attempt's own controller (its stop, its slot's retirement): the request is cut by
+   * aborting it, a halt of the link included, with no second signal combined per renewal
+   * (host-credential.ts). When given, `signal` is not used.
+   */
+  cut?: AbortController;
+  /**
+   * Called once the Gateway has answered with something to hand over or record (200, 404,
+   * 409, another status), before the hand-off and the record: the request is done, so its
+   * place in the renew pool is given back then (renewal-service.ts), and the next request
+   * does not wait for this answer's batch to be fsynced.
+   */
+  answered?: () => void;
   now?: () => number;
 }
 
@@ -70,9 +83,9 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
     body: JSON.stringify({ requestId: pending.requestId, expectedTokenId: pending.expectedTokenId }),
     timeoutMs: RENEW_TIMEOUT_MS,
     maxBodyBytes: SMALL_ANSWER_BYTES,
-    ...(deps.signal && { signal: deps.signal }),
+    ...(deps.cut ? { signal: deps.cut.signal } : deps.signal && { signal: deps.signal }),
     now,
-  });
+  }, deps.cut && { cut: deps.cut });
   if (answer.kind === 'halted') return { kind: 'credential_invalid' };
   if (answer.kind !== 'retry' || answer.cause === 'status') crashPoint('fetch-after-receive');
   if (answer.kind === 'retry') {
@@ -83,6 +96,7 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }),
     };
   }
+  deps.answered?.();
   const { status, body: text } = answer;
 
   if (status === 200) {

@@ -205,32 +205,41 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
       /** Renews a due slot (its place in the pool taken); the time of its next attempt, or 'halt'. */
       const attempt = async (slot: SlotFile, token: string): Promise<number | 'halt'> => {
         const current = slotStates.get(slot.slot) ?? freshSlot;
+        // One controller per renewal, aborted by whichever cuts it: its slot retired
+        // (inFlight), the service's stop (a listener rather than AbortSignal.any, which cost
+        // about 0.1 ms a renewal and keeps every combined signal tied to the service's until
+        // it is collected) and a halt of the link (host-credential.ts, given the same one).
         const cut = new AbortController();
         inFlight.set(slot.slot, cut);
-        // The service's stop cuts it too. A listener rather than AbortSignal.any, which cost
-        // about 0.1 ms a renewal (profiled at 10 000 slots) and keeps every combined signal
-        // tied to the service's until it is collected.
-        const stop = new AbortController();
-        const onStop = (): void => stop.abort();
-        if (signal.aborted) stop.abort();
+        const onStop = (): void => cut.abort();
+        if (signal.aborted) cut.abort();
         signal.addEventListener('abort', onStop, { once: true });
-        cut.signal.addEventListener('abort', onStop, { once: true });
         const started = performance.now();
         let outcome: RenewOutcome | undefined;
-        try {
-          outcome = await renewSlot({ ...renewDeps, signal: stop.signal }, slot, token);
-        } finally {
-          signal.removeEventListener('abort', onStop);
-          inFlight.delete(slot.slot);
+        // The pool bounds the requests at the Gateway, not the hand-offs: its place is given
+        // back as soon as the Gateway has answered (`answered`), so renewals go on while the
+        // answers wait for their inbox batch, and more answers share each batch's fsyncs
+        // (inbox-batcher.ts). Otherwise when the attempt ends (a retry, a halt, a failure).
+        let released = false;
+        const release = (): void => {
+          if (released) return;
+          released = true;
           const latencyMs = performance.now() - started;
           const retry = outcome?.kind === 'retry' ? outcome : undefined;
           pool.release({
             // A network failure or a 429/5xx is the Gateway (or the path to it) struggling; an
-            // invalid answer or a request cut here is not.
+            // invalid answer or a request cut (retired, stopped, halted) is not.
             overloaded: retry !== undefined && !cut.signal.aborted && (retry.status === undefined ? retry.reason.startsWith('network') : retry.status === 429 || retry.status >= 500),
             retryAfterMs: retry?.retryAfterMs,
             latencyMs,
           });
+        };
+        try {
+          outcome = await renewSlot({ ...renewDeps, cut, answered: release }, slot, token);
+        } finally {
+          signal.removeEventListener('abort', onStop);
+          inFlight.delete(slot.slot);
+          release();
         }
         config.metrics?.iteration(outcome.kind, (performance.now() - started) / 1000);
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
@@ -296,6 +305,7 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
             const slot = slots.get(id);
             // Only valid, unrevoked slots are queued (reschedule), and `slots` changes only above.
             if (slot === undefined || 'error' in slot) continue;
+            await inbox.room();
             if (!(await pool.acquire(signal))) break;
             if (halted !== undefined || failure || !(await slotCache.exists(id))) {
               // Halted, failed or retired while this slot waited for its place.

@@ -382,3 +382,42 @@ t.test('expectationFor: adopted, else the newer of delivered and applied', async
   t.equal(expectationFor(slot('applied', 4), { slot: SLOT, delivered: delivered('deliv', 5), adopted: null }), null, 'an adopted null beats both too');
   t.equal(expectationFor(slot('applied', 4), { slot: SLOT, adopted: undefined }), 'applied', 'adopted undefined is no adoption');
 });
+
+t.test('answered: called once the Gateway answered, before the hand-off; not for a retry', async (t) => {
+  const gw = await gateway(t);
+  const e = await env(t, gw.url);
+  const seen: Array<{ batches: number; delivered: boolean }> = [];
+  const answered = (): void => {
+    seen.push({ batches: inboxNames(e).length, delivered: stateOnDisk(e)?.delivered !== undefined });
+  };
+  gw.inject({ kind: 'status5xx', status: 503 });
+  t.equal((await renewSlot({ ...e.deps, answered }, emptySlotFile(SLOT), CRED)).kind, 'retry');
+  t.strictSame(seen, [], 'a 503 is a retry: the attempt ends, its caller gives the place back');
+  t.equal((await renewSlot({ ...e.deps, answered }, emptySlotFile(SLOT), CRED)).kind, 'renewed');
+  t.strictSame(seen, [{ batches: 0, delivered: false }], 'called once, before the batch file and the delivered record');
+  t.equal(inboxNames(e).length, 1, 'then handed over');
+});
+
+t.test("cut: the caller's own controller; a halt of the link aborts it and the answer is credential_invalid", async (t) => {
+  const gw = await gateway(t);
+  const e = await env(t, gw.url);
+  gw.inject({ kind: 'hang', commit: false });
+  const cut = new AbortController();
+  const renewal = renewSlot({ ...e.deps, cut }, emptySlotFile(SLOT), CRED);
+  await gw.waitForRequests(1);
+  // Another part of the link met a 401 with this credential.
+  e.deps.credential.halt(CRED);
+  t.strictSame(await renewal, { kind: 'credential_invalid' }, 'cut by the halt: halted, not a retry');
+  t.ok(cut.signal.aborted, "the halt aborted the caller's controller");
+
+  // Cut by its owner (its slot retired): a retry, and the link is not halted by it.
+  const gw2 = await gateway(t);
+  const e2 = await env(t, gw2.url);
+  gw2.inject({ kind: 'hang', commit: false });
+  const mine = new AbortController();
+  const second = renewSlot({ ...e2.deps, cut: mine }, emptySlotFile(SLOT), CRED);
+  await gw2.waitForRequests(1);
+  mine.abort();
+  t.equal((await second).kind, 'retry', 'cut by its owner: a retry');
+  t.notOk(e2.deps.credential.halted, 'not a halt');
+});
