@@ -16,9 +16,6 @@ interface Waiting {
   reject: (err: unknown) => void;
 }
 
-/** Answers waiting for a batch file beyond which `room()` holds new renewals back (two files' worth). */
-export const MAX_WAITING = 2 * MAX_BATCH_ENTRIES;
-
 export interface InboxBatcherOptions {
   /** The hand-off's inbox/ (made again if a write finds it gone). */
   dir: string;
@@ -57,8 +54,6 @@ export class InboxBatcher {
   readonly #now: () => number;
   #queue: Waiting[] = [];
   #writing = false;
-  /** Callers of `room()` waiting for the queue to shrink. */
-  #roomWaiters: Array<() => void> = [];
   #lastSequence = 0;
 
   constructor(options: InboxBatcherOptions) {
@@ -76,17 +71,6 @@ export class InboxBatcher {
     });
   }
 
-  /**
-   * Resolves once fewer than `MAX_WAITING` answers wait for a file: the renewal asks before
-   * each request, so a slow disk holds back new requests instead of piling answers (tokens)
-   * up in memory. The renew pool gives a place back when the Gateway answers, not when the
-   * answer is on disk, so without this nothing would bound them.
-   */
-  room(): Promise<void> {
-    if (this.#queue.length < MAX_WAITING) return Promise.resolve();
-    return new Promise<void>((resolve) => this.#roomWaiters.push(resolve));
-  }
-
   async #drain(): Promise<void> {
     this.#writing = true;
     try {
@@ -99,11 +83,9 @@ export class InboxBatcher {
           continue;
         }
         for (const w of group) w.resolve();
-        if (this.#queue.length < MAX_WAITING) for (const wake of this.#roomWaiters.splice(0)) wake();
       }
     } finally {
       this.#writing = false;
-      for (const wake of this.#roomWaiters.splice(0)) wake();
     }
   }
 

@@ -27,13 +27,6 @@ export interface RenewDeps {
    * (host-credential.ts). When given, `signal` is not used.
    */
   cut?: AbortController;
-  /**
-   * Called once the Gateway has answered with something to hand over or record (200, 404,
-   * 409, another status), before the hand-off and the record: the request is done, so its
-   * place in the renew pool is given back then (renewal-service.ts), and the next request
-   * does not wait for this answer's batch to be fsynced.
-   */
-  answered?: () => void;
   now?: () => number;
 }
 
@@ -96,7 +89,6 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
       ...(answer.retryAfterMs !== undefined && { retryAfterMs: answer.retryAfterMs }),
     };
   }
-  deps.answered?.();
   const { status, body: text } = answer;
 
   if (status === 200) {

@@ -216,14 +216,17 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
         signal.addEventListener('abort', onStop, { once: true });
         const started = performance.now();
         let outcome: RenewOutcome | undefined;
-        // The pool bounds the requests at the Gateway, not the hand-offs: its place is given
-        // back as soon as the Gateway has answered (`answered`), so renewals go on while the
-        // answers wait for their inbox batch, and more answers share each batch's fsyncs
-        // (inbox-batcher.ts). Otherwise when the attempt ends (a retry, a halt, a failure).
-        let released = false;
-        const release = (): void => {
-          if (released) return;
-          released = true;
+        try {
+          // The pool's place is held until the answer is handed over and recorded, not only
+          // until the Gateway answered: given back at the answer (session 13, measured) the
+          // link renewed faster than apply applied, its inbox batches doubled (10 → 18
+          // answers a file at 10 000 slots) and a disconnect during the burst waited for
+          // apply's larger rounds (p50 0.83–0.90 → 1.18–1.29 s, p99 past 2 s), for no
+          // measurable CPU gain on the link's side. docs/host-link.md, "Session 13".
+          outcome = await renewSlot({ ...renewDeps, cut }, slot, token);
+        } finally {
+          signal.removeEventListener('abort', onStop);
+          inFlight.delete(slot.slot);
           const latencyMs = performance.now() - started;
           const retry = outcome?.kind === 'retry' ? outcome : undefined;
           pool.release({
@@ -233,13 +236,6 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
             retryAfterMs: retry?.retryAfterMs,
             latencyMs,
           });
-        };
-        try {
-          outcome = await renewSlot({ ...renewDeps, cut, answered: release }, slot, token);
-        } finally {
-          signal.removeEventListener('abort', onStop);
-          inFlight.delete(slot.slot);
-          release();
         }
         config.metrics?.iteration(outcome.kind, (performance.now() - started) / 1000);
         // From when the answer arrived (RFC 9110 Retry-After), not from the step's start.
@@ -305,7 +301,6 @@ export function createRenewalService(config: RenewalConfig, credential: HostCred
             const slot = slots.get(id);
             // Only valid, unrevoked slots are queued (reschedule), and `slots` changes only above.
             if (slot === undefined || 'error' in slot) continue;
-            await inbox.room();
             if (!(await pool.acquire(signal))) break;
             if (halted !== undefined || failure || !(await slotCache.exists(id))) {
               // Halted, failed or retired while this slot waited for its place.

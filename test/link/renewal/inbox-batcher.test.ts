@@ -2,7 +2,7 @@ import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync }
 import { join } from 'node:path';
 import t from 'tap';
 import { inboxBatchSchema, inboxFileSchema, isBatchFileName, MAX_BATCH_ENTRIES, type InboxFile } from '../../../src/data/handoff.js';
-import { InboxBatcher, MAX_WAITING } from '../../../src/link/renewal/inbox-batcher.js';
+import { InboxBatcher } from '../../../src/link/renewal/inbox-batcher.js';
 import { tempDir } from '../../support/temp-dir.js';
 
 const NOW = Date.UTC(2030, 0, 1, 12, 0, 0);
@@ -92,24 +92,4 @@ t.test('an inbox removed meanwhile is made again', async (t) => {
   const b = new InboxBatcher({ dir });
   await b.deliver({ slot: 'cli:notion', revoked: true, at: '2030-01-01T12:00:00.000Z' });
   t.strictSame(batches(dir), [[{ slot: 'cli:notion', revoked: true, at: '2030-01-01T12:00:00.000Z' }]]);
-});
-
-t.test('room(): at once while few answers wait; held while MAX_WAITING do, until a file is written', async (t) => {
-  const dir = join(tempDir('ac-batcher-', t), 'inbox');
-  mkdirSync(dir);
-  const b = new InboxBatcher({ dir, now: () => NOW });
-  let roomNow = false;
-  await b.room().then(() => (roomNow = true));
-  t.ok(roomNow, 'an empty queue has room');
-  // The first answer goes into a write at once; the next MAX_WAITING wait behind it.
-  const first = b.deliver(answer(0));
-  const waiting = Array.from({ length: MAX_WAITING }, (_, i) => b.deliver(answer(i + 1)));
-  let roomAfter = false;
-  const room = b.room().then(() => (roomAfter = true));
-  await first;
-  t.notOk(roomAfter, 'still held once only the first file is written (the rest still wait)');
-  await room;
-  t.ok(roomAfter, 'room once the next file took its entries');
-  await Promise.all(waiting);
-  t.equal(batches(dir).flat().length, MAX_WAITING + 1, 'every answer delivered');
 });

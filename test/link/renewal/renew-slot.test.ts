@@ -383,21 +383,6 @@ t.test('expectationFor: adopted, else the newer of delivered and applied', async
   t.equal(expectationFor(slot('applied', 4), { slot: SLOT, adopted: undefined }), 'applied', 'adopted undefined is no adoption');
 });
 
-t.test('answered: called once the Gateway answered, before the hand-off; not for a retry', async (t) => {
-  const gw = await gateway(t);
-  const e = await env(t, gw.url);
-  const seen: Array<{ batches: number; delivered: boolean }> = [];
-  const answered = (): void => {
-    seen.push({ batches: inboxNames(e).length, delivered: stateOnDisk(e)?.delivered !== undefined });
-  };
-  gw.inject({ kind: 'status5xx', status: 503 });
-  t.equal((await renewSlot({ ...e.deps, answered }, emptySlotFile(SLOT), CRED)).kind, 'retry');
-  t.strictSame(seen, [], 'a 503 is a retry: the attempt ends, its caller gives the place back');
-  t.equal((await renewSlot({ ...e.deps, answered }, emptySlotFile(SLOT), CRED)).kind, 'renewed');
-  t.strictSame(seen, [{ batches: 0, delivered: false }], 'called once, before the batch file and the delivered record');
-  t.equal(inboxNames(e).length, 1, 'then handed over');
-});
-
 t.test("cut: the caller's own controller; a halt of the link aborts it and the answer is credential_invalid", async (t) => {
   const gw = await gateway(t);
   const e = await env(t, gw.url);
