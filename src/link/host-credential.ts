@@ -59,7 +59,7 @@ export class HostCredential {
    * meanwhile (a 401 to another of its services), and a 401 to it halts the link. Either
    * way the answer is `halted`.
    */
-  async request(credential: string, req: Omit<GatewayRequest, 'credential' | 'signal'> & { signal?: AbortSignal }, options: { cut?: AbortController } = {}): Promise<GatewayOutcome> {
+  async request(credential: string, req: Omit<GatewayRequest, 'credential'>, options: { cut?: AbortController } = {}): Promise<GatewayOutcome> {
     // Read before a halt by another part: not sent at all.
     if (this.halted) return { kind: 'halted' };
     // `options.cut`: the caller's own controller for this one request (a renewal's, which
