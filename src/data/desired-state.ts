@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { commandSchema, duplicateCommand, providerNameSchema, providerPortProblem, providerSchema, type Catalog } from './catalog.js';
 import { isLoopbackHostname } from '../net/loopback-address.js';
+import { jsonTopLevelVersion } from './json-version.js';
 import { checkWith, parseJsonText, sameJsonValue, type ParseResult } from './parse.js';
 import { tlsCatalogProblem } from './tls-hosts.js';
 import { bindingIdSchema, bindingSchema, type InstancesFile } from './registry.js';
@@ -172,12 +173,9 @@ function unchangedReused(json: unknown, previous: ValidatedState): ParseResult<D
  * its version even when apply rejects it (SPEC §8). null: not JSON, or no usable version.
  */
 export function desiredStateVersion(text: string): number | null {
-  try {
-    const v: unknown = (JSON.parse(text) as { version?: unknown } | null)?.version;
-    return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null;
-  } catch {
-    return null;
-  }
+  // `JSON.parse(text)?.version` checked as before, without building the state (the link
+  // reads the version of each 1.5 MB state it is answered): json-version.ts.
+  return jsonTopLevelVersion(text) ?? null;
 }
 
 /** The state with nothing in it, the Gateway's answer for a host with no connection yet. */

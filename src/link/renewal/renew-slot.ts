@@ -21,6 +21,12 @@ export interface RenewDeps {
   credential: HostCredential;
   log: Logger;
   signal?: AbortSignal;
+  /**
+   * This attempt's own controller (its stop, its slot's retirement): the request is cut by
+   * aborting it, a halt of the link included, with no second signal combined per renewal
+   * (host-credential.ts). When given, `signal` is not used.
+   */
+  cut?: AbortController;
   now?: () => number;
 }
 
@@ -70,9 +76,9 @@ export async function renewSlot(deps: RenewDeps, slot: SlotFile, credential: str
     body: JSON.stringify({ requestId: pending.requestId, expectedTokenId: pending.expectedTokenId }),
     timeoutMs: RENEW_TIMEOUT_MS,
     maxBodyBytes: SMALL_ANSWER_BYTES,
-    ...(deps.signal && { signal: deps.signal }),
+    ...(deps.cut ? { signal: deps.cut.signal } : deps.signal && { signal: deps.signal }),
     now,
-  });
+  }, deps.cut && { cut: deps.cut });
   if (answer.kind === 'halted') return { kind: 'credential_invalid' };
   if (answer.kind !== 'retry' || answer.cause === 'status') crashPoint('fetch-after-receive');
   if (answer.kind === 'retry') {

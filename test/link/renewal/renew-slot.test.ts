@@ -382,3 +382,27 @@ t.test('expectationFor: adopted, else the newer of delivered and applied', async
   t.equal(expectationFor(slot('applied', 4), { slot: SLOT, delivered: delivered('deliv', 5), adopted: null }), null, 'an adopted null beats both too');
   t.equal(expectationFor(slot('applied', 4), { slot: SLOT, adopted: undefined }), 'applied', 'adopted undefined is no adoption');
 });
+
+t.test("cut: the caller's own controller; a halt of the link aborts it and the answer is credential_invalid", async (t) => {
+  const gw = await gateway(t);
+  const e = await env(t, gw.url);
+  gw.inject({ kind: 'hang', commit: false });
+  const cut = new AbortController();
+  const renewal = renewSlot({ ...e.deps, cut }, emptySlotFile(SLOT), CRED);
+  await gw.waitForRequests(1);
+  // Another part of the link met a 401 with this credential.
+  e.deps.credential.halt(CRED);
+  t.strictSame(await renewal, { kind: 'credential_invalid' }, 'cut by the halt: halted, not a retry');
+  t.ok(cut.signal.aborted, "the halt aborted the caller's controller");
+
+  // Cut by its owner (its slot retired): a retry, and the link is not halted by it.
+  const gw2 = await gateway(t);
+  const e2 = await env(t, gw2.url);
+  gw2.inject({ kind: 'hang', commit: false });
+  const mine = new AbortController();
+  const second = renewSlot({ ...e2.deps, cut: mine }, emptySlotFile(SLOT), CRED);
+  await gw2.waitForRequests(1);
+  mine.abort();
+  t.equal((await second).kind, 'retry', 'cut by its owner: a retry');
+  t.notOk(e2.deps.credential.halted, 'not a halt');
+});
