@@ -360,23 +360,36 @@ export interface ScaleSeries {
  */
 export function renderScaleSvg(series: readonly ScaleSeries[]): string {
   const W = 860;
-  const H = 340;
-  const panel = (x0: number, title: string, unit: string, value: (r: ScaleRun) => number, bound: number): string => {
+  const H = 660;
+  /** A log-log panel with its bound as a dashed line; `y0` its row (two rows of two). */
+  const panel = (x0: number, y0: number, title: string, unit: string, value: (r: ScaleRun) => number | undefined, bound: number): string => {
     const pw = 360;
     const ph = 230;
-    const top = 50;
-    const all = series.flatMap((s) => s.runs.map(value)).filter((v) => v > 0);
+    const top = y0 + 50;
+    const at = (r: ScaleRun): number | undefined => {
+      const v = value(r);
+      return v !== undefined && v > 0 ? v : undefined;
+    };
+    const all = series.flatMap((s) => s.runs.map(at)).filter((v): v is number => v !== undefined);
     const lo = Math.pow(10, Math.floor(Math.log10(Math.min(bound, ...all))));
     const hi = Math.pow(10, Math.ceil(Math.log10(Math.max(bound, ...all))));
     const xs = (n: number): number => x0 + ((Math.log10(n) - 1) / 3) * pw;
     const ys = (v: number): number => top + ph - ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo))) * ph;
-    const out: string[] = [`<text x="${x0 + pw / 2}" y="30" text-anchor="middle" font-weight="bold">${title}</text>`];
-    for (let d = lo; d <= hi; d *= 10) out.push(`<line x1="${x0}" x2="${x0 + pw}" y1="${ys(d)}" y2="${ys(d)}" stroke="#ddd"/><text x="${x0 - 6}" y="${ys(d) + 4}" text-anchor="end">${d} ${unit}</text>`);
+    // Decades as written, not as the float products of 0.01 × 10 × …
+    const tick = (d: number): string => String(Number(d.toPrecision(1)));
+    const out: string[] = [`<text x="${x0 + pw / 2}" y="${y0 + 30}" text-anchor="middle" font-weight="bold">${title}</text>`];
+    for (let e = Math.log10(lo); e <= Math.log10(hi) + 1e-9; e += 1) {
+      const d = Math.pow(10, Math.round(e));
+      out.push(`<line x1="${x0}" x2="${x0 + pw}" y1="${ys(d)}" y2="${ys(d)}" stroke="#ddd"/><text x="${x0 - 6}" y="${ys(d) + 4}" text-anchor="end">${tick(d)} ${unit}</text>`);
+    }
     for (const n of [10, 100, 1000, 10000]) out.push(`<line x1="${xs(n)}" x2="${xs(n)}" y1="${top}" y2="${top + ph}" stroke="#eee"/><text x="${xs(n)}" y="${top + ph + 18}" text-anchor="middle">${n}</text>`);
     out.push(`<line x1="${x0}" x2="${x0 + pw}" y1="${ys(bound)}" y2="${ys(bound)}" stroke="#c00" stroke-dasharray="6 4"/><text x="${x0 + pw}" y="${ys(bound) - 5}" text-anchor="end" fill="#c00">bound ${bound} ${unit}</text>`);
     const colours = ['#888', '#06c', '#090', '#c60'];
     series.forEach((s, i) => {
-      const pts = s.runs.map((r) => `${xs(r.bindings).toFixed(1)},${ys(value(r)).toFixed(1)}`);
+      const pts = s.runs.flatMap((r) => {
+        const v = at(r);
+        return v === undefined ? [] : [`${xs(r.bindings).toFixed(1)},${ys(v).toFixed(1)}`];
+      });
       out.push(`<polyline fill="none" stroke="${colours[i % colours.length]}" stroke-width="2" points="${pts.join(' ')}"/>`);
       for (const p of pts) out.push(`<circle cx="${p.split(',')[0]}" cy="${p.split(',')[1]}" r="3" fill="${colours[i % colours.length]}"/>`);
       out.push(`<text x="${x0 + 10}" y="${top + 16 + i * 16}" fill="${colours[i % colours.length]}">${s.label}</text>`);
@@ -384,12 +397,15 @@ export function renderScaleSvg(series: readonly ScaleSeries[]): string {
     out.push(`<text x="${x0 + pw / 2}" y="${top + ph + 38}" text-anchor="middle">bindings (providers: bindings / 10)</text>`);
     return out.join('\n');
   };
-  const maxRss = (r: ScaleRun): number => Math.max(...Object.values(r.idle.rssMiB));
+  const largest = (byPart: Record<PartName, number>): number => Math.max(...Object.values(byPart));
   return [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif" font-size="12">`,
     '<rect width="100%" height="100%" fill="white"/>',
-    panel(70, 'published → in force', 'ms', (r) => r.inForceMs, 2000),
-    panel(480, 'idle RSS, largest part', 'MiB', maxRss, 150),
+    panel(70, 0, 'published → in force', 'ms', (r) => r.inForceMs, 2000),
+    panel(480, 0, 'published → every token held', 'ms', (r) => r.allTokensMs ?? undefined, 20000),
+    panel(70, 320, 'idle RSS, largest part', 'MiB', (r) => largest(r.idle.rssMiB), 150),
+    // A run whose window still had renewals running is not idle: left out.
+    panel(480, 320, 'idle CPU, busiest part', '% of a core', (r) => (r.idle.renewing ? undefined : largest(r.idle.cpuPercent)), 1),
     '</svg>',
     '',
   ].join('\n');

@@ -51,6 +51,12 @@ const enum C {
   CloseBrace = 125,
 }
 
+/** Past a member's `:` and the whitespace around it, from the end of its key; -1 without one. */
+function afterColon(text: string, i: number, n: number): number {
+  const at = skipWs(text, i, n);
+  return text.charCodeAt(at) === C.Colon ? skipWs(text, at + 1, n) : -1;
+}
+
 export function jsonTopLevelVersion(text: string): number | null | undefined {
   // One function with its state in locals: the hot loops over 1.5 MB stay in registers.
   const n = text.length;
@@ -80,9 +86,8 @@ export function jsonTopLevelVersion(text: string): number | null | undefined {
           const end = stringEnd(text, i, n);
           if (end < 0) return undefined;
           if (stack.length === 1) isVersion = isVersionKey(text, i, end);
-          i = skipWs(text, end, n);
-          if (text.charCodeAt(i) !== C.Colon) return undefined;
-          i = skipWs(text, i + 1, n);
+          i = afterColon(text, end, n);
+          if (i < 0) return undefined;
         }
         continue;
       }
@@ -124,9 +129,8 @@ export function jsonTopLevelVersion(text: string): number | null | undefined {
           const end = stringEnd(text, i, n);
           if (end < 0) return undefined;
           if (stack.length === 1) isVersion = isVersionKey(text, i, end);
-          i = skipWs(text, end, n);
-          if (text.charCodeAt(i) !== C.Colon) return undefined;
-          i = skipWs(text, i + 1, n);
+          i = afterColon(text, end, n);
+          if (i < 0) return undefined;
         }
         break;
       }
