@@ -51,9 +51,11 @@ const enum C {
   CloseBrace = 125,
 }
 
-/** Past a member's `:` and the whitespace around it, from the end of its key; -1 without one. */
-function afterColon(text: string, i: number, n: number): number {
-  const at = skipWs(text, i, n);
+/** From a member's key to the start of its value (past the key, `:` and whitespace); -1 if that is not there. */
+function memberValue(text: string, i: number, n: number): number {
+  const end = stringEnd(text, i, n);
+  if (end < 0) return -1;
+  const at = skipWs(text, end, n);
   return text.charCodeAt(at) === C.Colon ? skipWs(text, at + 1, n) : -1;
 }
 
@@ -83,11 +85,11 @@ export function jsonTopLevelVersion(text: string): number | null | undefined {
         stack.push(object);
         if (object) {
           // First member's key.
-          const end = stringEnd(text, i, n);
-          if (end < 0) return undefined;
-          if (stack.length === 1) isVersion = isVersionKey(text, i, end);
-          i = afterColon(text, end, n);
+          const key = i;
+          i = memberValue(text, i, n);
           if (i < 0) return undefined;
+          // The key's end found again only at the top level: a state has a handful of those.
+          if (stack.length === 1) isVersion = isVersionKey(text, key, stringEnd(text, key, n));
         }
         continue;
       }
@@ -126,11 +128,11 @@ export function jsonTopLevelVersion(text: string): number | null | undefined {
       if (c === C.Comma) {
         i = skipWs(text, i + 1, n);
         if (object) {
-          const end = stringEnd(text, i, n);
-          if (end < 0) return undefined;
-          if (stack.length === 1) isVersion = isVersionKey(text, i, end);
-          i = afterColon(text, end, n);
+          const key = i;
+          i = memberValue(text, i, n);
           if (i < 0) return undefined;
+          // The key's end found again only at the top level: a state has a handful of those.
+          if (stack.length === 1) isVersion = isVersionKey(text, key, stringEnd(text, key, n));
         }
         break;
       }
