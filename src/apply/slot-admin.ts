@@ -285,6 +285,17 @@ export interface EnsureSlotsResult {
   looked: number;
 }
 
+export interface EnsureSlotsOptions {
+  /** false: a revoked file is left revoked (`healInForce`: only a new state revives). */
+  revive?: boolean;
+  /**
+   * The clock `FULL_CHECK_MS` is counted on, in ms. Monotonic (`performance.now`): a step
+   * of the wall clock neither forces nor postpones a full look. A test gives its own, to
+   * pass the 60 s without waiting them.
+   */
+  now?: () => number;
+}
+
 /**
  * The per-slot files of a desired state's slots that exist (`present`: the names listed in
  * slots/): each unreadable one is written again empty, each revoked one revived (unless
@@ -295,15 +306,17 @@ export interface EnsureSlotsResult {
  * of slots/ makes the renames durable, and a file whose content a power loss lost is
  * re-made by the next reconcile (apply runs one at every start: `reconcileDesiredState`).
  */
-export async function ensureSlots(paths: HandoffPaths, slots: readonly string[], present: ReadonlySet<string>, options: { revive?: boolean } = {}): Promise<EnsureSlotsResult> {
+export async function ensureSlots(paths: HandoffPaths, slots: readonly string[], present: ReadonlySet<string>, options: EnsureSlotsOptions = {}): Promise<EnsureSlotsResult> {
+  const { now = () => performance.now() } = options;
   const write: SlotFile[] = [];
   const w = watchOf(paths.slots);
   let full = true;
   if (w) {
     await settled();
-    full = w.full || performance.now() - w.lastFull >= FULL_CHECK_MS;
+    const at = now();
+    full = w.full || at - w.lastFull >= FULL_CHECK_MS;
     // From here on, what is touched is for the next look (a change during this one included).
-    if (full) Object.assign(w, { full: false, lastFull: performance.now() });
+    if (full) Object.assign(w, { full: false, lastFull: at });
   }
   const looked = new Set<string>();
   const unknown = slots.filter((s) => {

@@ -222,3 +222,46 @@ t.test('ensureSlots: slots/ replaced by another directory (root only: the hand-o
   t.same(await ensureSlots(p, slots, all), { written: [slots[2]], read: 5, looked: 5 }, 'a new directory: all looked at and read, the revoked one revived');
   t.has(await ensureSlots(p, slots, all), { read: 0, looked: 1 }, 'then only the one rewritten');
 });
+
+/** How many events the kernel queues for an inotify instance (node's loop has one) before it drops the rest. */
+function inotifyQueueLimit(): number | undefined {
+  try {
+    const n = Number(readFileSync('/proc/sys/fs/inotify/max_queued_events', 'utf8').trim());
+    return Number.isSafeInteger(n) && n > 0 ? n : undefined;
+  } catch {
+    return undefined;
+  }
+}
+const queueLimit = inotifyQueueLimit();
+
+t.test('ensureSlots: a change whose event an inotify queue overflow lost (node does not report it) is not seen until the full look 60 s after the last', { skip: queueLimit === undefined ? 'no inotify queue limit to fill' : false }, async (t) => {
+  const p = handoff();
+  const slots = Array.from({ length: 5 }, (_, i) => `instance:inst-${i}`);
+  const held = (slot: string): SlotFile => ({ slot, tokenId: 'tid_0', expiresAt: '2030-01-01T00:00:00.000Z', generation: 1 });
+  for (const slot of slots) await writeSlotFile(p, held(slot));
+  const all = new Set(slots);
+  let clock = 5_000;
+  const now = (): number => clock;
+  t.has(await ensureSlots(p, slots, all, { now }), { written: [], looked: 5 }, 'the first look: every file');
+  t.has(await ensureSlots(p, slots, all, { now }), { written: [], looked: 0 }, 'nothing touched since: none');
+
+  // The queue filled while the loop does not read it (a burst of writes in slots/: here
+  // chmods of two temp-file names the watch ignores, in turn because the kernel merges an
+  // event equal to the last queued), then a revocation edited in place: its events are
+  // dropped for an IN_Q_OVERFLOW, which libuv drops too.
+  const burst = ['.burst-a.tmp', '.burst-b.tmp'].map((name) => join(p.slots, name));
+  for (const path of burst) writeFileSync(path, '', { mode: 0o600 });
+  for (let i = 0; i < queueLimit!; i++) chmodSync(burst[i % 2]!, 0o600);
+  const revoked = slots[2]!;
+  writeFileSync(slotPath(p, revoked), `${JSON.stringify({ ...held(revoked), revoked: true })}\n`);
+
+  clock += 59_999;
+  t.same(await ensureSlots(p, slots, all, { now }), { written: [], read: 0, looked: 0 }, 'under 60 s since the last full look: the change is not seen, the revoked slot not revived');
+  t.equal((await readSlotFile(p, revoked))?.revoked, true, 'still revoked on disk');
+
+  clock += 1;
+  t.same(await ensureSlots(p, slots, all, { now }), { written: [revoked], read: 1, looked: 5 }, '60 s: every file looked at, the changed one read and revived');
+  t.strictSame(await readSlotFile(p, revoked), held(revoked), 'revived on disk, what it held kept');
+  t.equal(statSync(slotPath(p, revoked)).mode & 0o777, 0o640, 'rewritten 0640');
+  t.has(await ensureSlots(p, slots, all, { now }), { written: [], read: 0, looked: 1 }, 'the clock unchanged: no full look again (the next is 60 s after this one), only the file rewritten looked at');
+});
