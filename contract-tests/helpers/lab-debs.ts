@@ -61,12 +61,13 @@ export function currentPackage(): Promise<CurrentPackage> {
 }
 
 /**
- * Where the machine keeps what the package labs make once: the stock roots
- * (test/tools/debian-root.sh, which reads the same variables) and the previous release's package.
+ * Where the machine keeps what the package labs make once: the stock roots and the previous
+ * release's package. `run` gives test/tools/debian-root.sh a clean environment, so of the
+ * variables it reads only this one is passed on (debianRoot), and XDG_CACHE_HOME never is.
  */
+const CACHE_VARIABLE = 'AGENT_CONNECTORS_ROOT_CACHE';
 function labCache(): string {
-  const xdg = process.env.XDG_CACHE_HOME ? join(process.env.XDG_CACHE_HOME, 'agent-connectors-lab') : undefined;
-  return process.env.AGENT_CONNECTORS_ROOT_CACHE || xdg || '/var/cache/agent-connectors-lab';
+  return process.env[CACHE_VARIABLE] || '/var/cache/agent-connectors-lab';
 }
 
 export interface PreviousPackage {
@@ -137,7 +138,7 @@ export function debianRoot(suite: 'bookworm' | 'trixie'): Promise<{ root?: strin
   if (!made) {
     made = (async () => {
       const started = Date.now();
-      const r = await run('bash', [ROOT_SCRIPT, suite], { timeoutMs: ROOT_TIMEOUT_MS });
+      const r = await run('bash', [ROOT_SCRIPT, suite], { timeoutMs: ROOT_TIMEOUT_MS, env: { [CACHE_VARIABLE]: labCache() } });
       const root = r.stdout.trim().split('\n').at(-1);
       const log = `${suite} root: ${root} (${Math.round((Date.now() - started) / 1000)} s)${r.code === 0 ? '' : `\n${r.stderr}(${r.timedOut ? 'timed out' : `exit ${r.code}`})`}`;
       return r.code === 0 && root && existsSync(join(root, 'lib/systemd/systemd')) ? { root, log } : { log };
