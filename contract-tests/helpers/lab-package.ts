@@ -1,7 +1,7 @@
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { CLI } from '../../test/support/cli-proc.js';
-import { ensureSystemUser, lookupUser, run, type Lab, type SystemUser } from '../../test/support/lab.js';
+import { ensureSystemUser, lookupUser, run, type Lab, type RunResult, type SystemUser } from '../../test/support/lab.js';
 import type { TapTest } from '../../test/support/tap.js';
 import { tempDir } from '../../test/support/temp-dir.js';
 
@@ -60,9 +60,16 @@ export async function installForLab(t: TapTest, prefix: string): Promise<LabPack
   const unitDir = join(root, 'etc/systemd/system');
   const partial = { scratch, root } as LabPackage;
   keepLogsOnFailure(t, partial);
-  const installed = await run(process.execPath, [CLI, 'install', '--root', root, '--prefix', PREFIX, '--node', process.execPath, '--no-activate'], { timeoutMs: 120_000 });
+  const installed = await installedOnce();
   if (installed.code !== 0) {
     t.fail(`install into the scratch root failed (${installed.code}):\n${installed.stdout}${installed.stderr}`);
+    return undefined;
+  }
+  // Hard links: every file of the tree as install wrote it, in a moment. A lab adds files
+  // (drop-ins, a client script) and changes none, so the labs cannot see each other's.
+  const copied = await run('cp', ['-al', installed.root, root], { timeoutMs: 120_000 });
+  if (copied.code !== 0) {
+    t.fail(`copying the installed tree failed (${copied.code}): ${copied.stderr}`);
     return undefined;
   }
   const sysusers = await run('systemd-sysusers', [join(root, 'etc/sysusers.d/agent-connectors.conf')]);
@@ -84,6 +91,25 @@ export async function installForLab(t: TapTest, prefix: string): Promise<LabPack
   const tmpfiles = readFileSync(join(root, 'etc/tmpfiles.d/agent-connectors.conf'), 'utf8');
   writeFileSync(tmpfilesConf, tmpfiles.split('\n').filter((l) => !/\s\/etc\//.test(` ${l}`)).join('\n'));
   return Object.assign(partial, { work, unitDir, appDir: join(root, LIB_DIR), tmpfilesConf, svc, agent: await ensureSystemUser(AGENT_USER), dropIn });
+}
+
+let installed: Promise<RunResult & { root: string }> | undefined;
+
+/**
+ * `install` into a scratch root, once per process: the labs of one file share it (each a
+ * hard-linked copy), since install copies the checkout's whole node_modules, tens of
+ * thousands of files, which took 15 to 30 s a lab on the test VM. The tree stays until the
+ * process exits.
+ */
+function installedOnce(): Promise<RunResult & { root: string }> {
+  installed ??= (async () => {
+    const dir = tempDir('ac-lab-install-');
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+    const root = join(dir, 'root');
+    const r = await run(process.execPath, [CLI, 'install', '--root', root, '--prefix', PREFIX, '--node', process.execPath, '--no-activate'], { timeoutMs: 120_000 });
+    return { ...r, root };
+  })();
+  return installed;
 }
 
 /** One teardown, in this order: end the lab, show its logs if anything failed, clean up. */

@@ -1,21 +1,20 @@
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import t from 'tap';
-import { REPO_ROOT } from '../../test/support/cli-proc.js';
 import { FORWARDER_PORT, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../../test/support/lab.js';
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
-import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
+import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, PREVIOUS_COMMIT, PREVIOUS_VERSION, previousPackage, previousPackageSkipReason, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
 import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
 /**
  * The .deb as an operator meets it (issue 13), on Debian 13 as it ships (issue 22): the
- * previous release's package, built from git (PREVIOUS_COMMIT, with its own builder), and
- * this checkout's, and the systemd lab booting a stock trixie root (test/tools/debian-root.sh,
+ * previous release's package, built from git (PREVIOUS_COMMIT, with its own builder; once
+ * per machine, then kept in the lab cache: helpers/lab-debs.ts), and this checkout's, and the systemd lab booting a stock trixie root (test/tools/debian-root.sh,
  * a writable overlay of it: the host is never changed) installs the first with dpkg, runs
  * it, upgrades to the second while an MCP client holds its SSE stream, removes and purges
  * it. The upgrade is also 0.1.0's renew-fetch unit becoming the link (issue 19): its
@@ -29,10 +28,9 @@ import { McpUpstream } from '../helpers/mcp-upstream.js';
  */
 
 const PKG = 'agent-connectors';
-const V1 = '0.1.0-lab1';
+/** Built from PREVIOUS_COMMIT, the release before the link got its name (0.1.0). */
+const V1 = PREVIOUS_VERSION;
 const V2 = CURRENT_VERSION;
-/** The release before the link got its name (0.1.0): V1 is built from it. */
-const PREVIOUS_COMMIT = '4f2567f';
 const TARGET = 'agent-connectors.target';
 const OLD_LINK = 'agent-connectors-renew-fetch.service';
 const LINK = 'agent-connectors-link.service';
@@ -55,35 +53,6 @@ const TARGET_WANTS = `/etc/systemd/system/${TARGET}.wants`;
 const TOKEN_LIFETIME_MS = 30 * 60_000;
 /** The previous release's build installs its dependencies and compiles its dist/ and builder first (one BUILD_TIMEOUT_MS a step), then this checkout's, then the root. */
 const BUDGET_MS = 4 * BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 5 * 60_000;
-/**
- * The previous release's .deb, as its own checkout would build it: its tree from git, its
- * own dependencies from its own lockfile (`npm ci`: this checkout's differ, 0.1.0 still had
- * chokidar), its dist/ and its packaging/build.ts compiled with its own tsc, then its
- * builder run.
- */
-async function buildPrevious(dir: string, version: string, out: string): Promise<{ ok: boolean; log: string }> {
-  mkdirSync(dir, { recursive: true });
-  const tar = join(dir, '..', 'previous.tar');
-  const tsc = join(dir, 'node_modules/typescript/bin/tsc');
-  const steps: Array<[string, string[]]> = [
-    ['git', ['-C', REPO_ROOT, 'archive', '--output', tar, PREVIOUS_COMMIT]],
-    ['tar', ['-xf', tar, '-C', dir]],
-    ['npm', ['ci', '--ignore-scripts', '--prefer-offline', '--no-audit', '--no-fund']],
-    [process.execPath, [tsc, '-p', join(dir, 'tsconfig.json')]],
-    ['chmod', ['+x', join(dir, 'dist/cli.js')]],
-    [process.execPath, [tsc, '-p', join(dir, 'tsconfig.builder.json')]],
-    [process.execPath, [join(dir, 'build/packaging/build.js'), '--version', version, '--out', out]],
-  ];
-  let log = '';
-  for (const [file, args] of steps) {
-    // Only the builder and what it imports, not the whole test tree.
-    if (file === 'npm') writeFileSync(join(dir, 'tsconfig.builder.json'), JSON.stringify({ extends: './tsconfig.base.json', compilerOptions: { rootDir: '.', outDir: 'build' }, files: ['packaging/build.ts'] }));
-    const r = await run(file, args, { env: { HOME: process.env.HOME ?? '/root' }, timeoutMs: BUILD_TIMEOUT_MS, cwd: dir });
-    log += `$ ${file} ${args.join(' ')}\n${r.stdout}${r.stderr}`;
-    if (r.code !== 0) return { ok: false, log: `${log}(${r.timedOut ? 'timed out' : `exit ${r.code}`})` };
-  }
-  return { ok: true, log };
-}
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -92,24 +61,24 @@ function skipReason(): string | undefined {
   if (lab) return lab;
   const root = debianRootSkipReason();
   if (root) return root;
-  if (!existsSync(join(REPO_ROOT, '.git'))) return `the upgrade from the previous release builds it from git (${PREVIOUS_COMMIT}); this checkout has no .git`;
-  return undefined;
+  return previousPackageSkipReason();
 }
 
 t.setTimeout(BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS);
 
 t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', { skip: unlessMissing(t, skipReason()), timeout: BUDGET_MS + LAB_QUEUE_ALLOWANCE_MS }, async (t) => {
-  const { scratch, work, debs, unitDir, boot } = packageLabScratch(t, 'ac-deb-lab-');
+  const { work, debs, unitDir, boot } = packageLabScratch(t, 'ac-deb-lab-');
 
   const HOST_PATHS = ['/usr/lib/agent-connectors', '/usr/bin/agent-connectors', `/usr/lib/systemd/system/${TARGET}`, ETC];
   const hostBefore = HOST_PATHS.filter((p) => existsSync(p));
 
   // ---- host side: the two packages, the Gateway, the upstream -----------------------------
   // One after the other: two builds at once on a busy two-core machine ran each past its timeout.
-  const previous = await buildPrevious(join(scratch, 'previous'), V1, debs);
+  const previous = await previousPackage();
   const current = previous.ok ? await currentPackage() : { ok: false, log: 'not built', deb: '', arch: '' };
   // The previous release was Architecture: all (on the system's Node); this one carries its own.
   const debOf = (v: string): string => join(debs, v === V1 ? `${PKG}_${v}_all.deb` : `${PKG}_${v}_${current.arch}.deb`);
+  if (previous.ok) copyFileSync(previous.deb, debOf(V1));
   if (current.ok) copyFileSync(current.deb, debOf(V2));
   for (const [v, built] of [[V1, previous], [V2, current]] as const) {
     if (!built.ok || !existsSync(debOf(v))) {
