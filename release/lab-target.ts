@@ -60,7 +60,7 @@ export async function startLabTarget(work: string, repoRoot: string, log: (line:
   const credential = `hostcred-${randomBytes(24).toString('base64url')}`;
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: 30 * 60_000, slots: [`instance:${INSTANCE}`] });
   const minted = recordMinted(gw.authority);
-  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority, minted) });
   const closeHostSide = async (): Promise<void> => {
     await upstream.close();
     await gw.close();

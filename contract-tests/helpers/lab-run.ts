@@ -1,23 +1,45 @@
 import type { RenewAuthority } from '../../src/dev/demo-gateway/authority.js';
 import type { TapTest } from '../../test/support/tap.js';
-import type { TokenVerdict } from './mcp-upstream.js';
+import type { McpSeen, TokenVerdict } from './mcp-upstream.js';
 
 /**
  * What the systemd lab files share: a lab run is one long story told in steps, against a
  * mock renewal Gateway whose tokens the MCP upstream honours.
  */
 
+/** A token the Gateway minted and refuses now: superseded by a renewal (strict: a slot honours only its newest) or expired. */
+export const SUPERSEDED = 'a token the Gateway minted and has since superseded or let expire';
+
 /**
  * The token check of the Gateway's MCP endpoint (an `McpUpstream`): every bearer token goes
  * to the mock renewal Gateway's own authority, as at a real Gateway (401 for anything it did
- * not mint, or minted but expired).
+ * not mint, or minted but superseded or expired). `minted` (recordMinted's list) tells a
+ * token the Gateway once minted from one it never did.
  */
-export function checkWith(authority: RenewAuthority): (token: string | undefined) => TokenVerdict {
+export function checkWith(authority: RenewAuthority, minted: readonly string[]): (token: string | undefined) => TokenVerdict {
   return (token) => {
     if (!token) return { ok: false, problem: 'no bearer token' };
     const valid = authority.isValidToken(token);
-    return valid ? { ok: true, tokenId: valid.tokenId } : { ok: false, problem: 'a token the Gateway did not mint or that expired' };
+    if (valid) return { ok: true, tokenId: valid.tokenId };
+    return { ok: false, problem: minted.includes(token) ? SUPERSEDED : 'a token the Gateway did not mint' };
   };
+}
+
+/**
+ * What the upstream refused that the forwarder did not bridge: every refusal but a
+ * superseded token, and a superseded token only when no request of the same method and
+ * session with a valid token followed it. A request that reads the token file just before
+ * apply writes a renewal carries the token the Gateway has just superseded (the renewal
+ * raced it, more often on a busy machine); the forwarder's 401 bridge retries it with the
+ * renewed token (SPEC §4), which is the request that follows.
+ */
+export function unbridged(seen: readonly McpSeen[]): string[] {
+  return seen.flatMap((s, i) => {
+    if (s.valid) return [];
+    if (s.problem !== SUPERSEDED) return [s.problem ?? 'refused'];
+    const retried = seen.slice(i + 1).some((r) => r.valid && r.method === s.method && r.sessionId === s.sessionId);
+    return retried ? [] : [`${SUPERSEDED}, and no retry with a valid token followed`];
+  });
 }
 
 /** Every token `authority` mints from now on, to search the logs for. */

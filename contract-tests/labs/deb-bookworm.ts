@@ -74,7 +74,7 @@ t.test('Debian 12 as it ships (its nodejs 18): the .deb and the tarball on the N
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`] });
   t.teardown(() => gw.close());
   const minted = recordMinted(gw.authority);
-  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority, minted) });
   t.teardown(() => upstream.close());
 
   const booted = Date.now();

@@ -8,7 +8,7 @@ import { FORWARDER_PORT, LAB_QUEUE_ALLOWANCE_MS, labSkipReason, run } from '../.
 import { MockRenewGateway } from '../../test/support/mock-renew-gateway.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
 import { BUILD_TIMEOUT_MS, CURRENT_VERSION, currentPackage, debianRoot, debianRootSkipReason, packageLabScratch, PREVIOUS_COMMIT, PREVIOUS_VERSION, previousPackage, previousPackageSkipReason, ROOT_TIMEOUT_MS } from '../helpers/lab-debs.js';
-import { checkWith, labSteps, recordMinted } from '../helpers/lab-run.js';
+import { checkWith, labSteps, recordMinted, unbridged } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
 /**
@@ -105,7 +105,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
   const gw = await MockRenewGateway.start({ credential, tokenLifetimeMs: TOKEN_LIFETIME_MS, slots: [`instance:${INSTANCE}`, `cli:${PROVIDER}`] });
   t.teardown(() => gw.close());
   const minted = recordMinted(gw.authority);
-  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority) });
+  const upstream = await McpUpstream.start({ tools: ['echo'], check: checkWith(gw.authority, minted) });
   t.teardown(() => upstream.close());
 
   const l = await boot(trixie.root, Math.ceil(BUDGET_MS / 1000));
@@ -282,7 +282,7 @@ t.test('the .deb: install, serve, upgrade under a live stream, remove, purge', {
     tt.ok(await exists(ENABLE_LINK), 'still enabled');
     tt.ok((await waitStreams(streams + 1, 60_000)) > streams, `the client reopened its SSE stream in the same session (${streams} → ${streamsOpened()})`);
     tt.equal(await echo('after the upgrade'), 'echo: after the upgrade', 'tools/call in the same session');
-    tt.same(upstream.seen.filter((s) => s.sessionId === sessionId && !s.valid).map((s) => s.problem), [], 'every upstream request carried a minted token');
+    tt.same(unbridged(upstream.seen.filter((s) => s.sessionId === sessionId)), [], 'every upstream request carried a minted token, a superseded one retried with the renewed token');
     await client.close();
   });
 
