@@ -103,7 +103,7 @@ async function checkRevoked(tt: TapTest, how: string, revoke: () => Promise<void
   tt.ok(existsSync(shim), 'before: the shim exists');
   const traffic = flow();
   await until(() => traffic.statuses.fwd.length >= 3, 'requests flowing');
-  const mark = apply.lines.length;
+  const mark = apply.logs.length;
   const t0 = Date.now();
   const figures: Record<string, number> = {};
   const at = (name: string) => (figures[name] ??= Date.now() - t0);
@@ -176,7 +176,7 @@ t.test('presence: an agent-users file naming nobody is a problem, and stops bein
 
 t.test('the Gateway answers the host credential with 401: everything goes at once, the link stops, a new enrolment brings it back', async (tt) => {
   await serving('before the 401');
-  const linkMark = link.lines.length;
+  const linkMark = link.logs.length;
   await checkRevoked(tt, '401', async () => {
     world.gw.control.revokeHost(world.linkEnv.AGENT_CONNECTORS_HOST_ID as string);
   });
@@ -207,7 +207,7 @@ t.test('the Gateway revokes the host while hundreds of new bindings renew: the r
   await until(() => burstTokens() >= 10, 'the burst under way', 60_000);
   tt.comment(`revoked with ${burstTokens()} of ${N} new tokens written`);
   const hostId = parseEnvFile(join(world.root, 'etc', 'link.env')).AGENT_CONNECTORS_HOST_ID as string;
-  const linkMark = link.lines.length;
+  const linkMark = link.logs.length;
   await checkRevoked(tt, '401 during a renewal burst', async () => {
     world.gw.control.revokeHost(hostId);
   });
