@@ -27,8 +27,8 @@ export function checkWith(authority: RenewAuthority, minted: readonly string[]):
 
 /**
  * What the upstream refused that the forwarder did not bridge: every refusal but a
- * superseded token, and a superseded token only when no request of the same method and
- * session with a valid token followed it. A request that reads the token file just before
+ * superseded token, and a superseded token only when no request of the same method,
+ * JSON-RPC method and session with a valid token followed it. A request that reads the token file just before
  * apply writes a renewal carries the token the Gateway has just superseded (the renewal
  * raced it, more often on a busy machine); the forwarder's 401 bridge retries it with the
  * renewed token (SPEC §4), which is the request that follows.
@@ -37,7 +37,7 @@ export function unbridged(seen: readonly McpSeen[]): string[] {
   return seen.flatMap((s, i) => {
     if (s.valid) return [];
     if (s.problem !== SUPERSEDED) return [s.problem ?? 'refused'];
-    const retried = seen.slice(i + 1).some((r) => r.valid && r.method === s.method && r.sessionId === s.sessionId);
+    const retried = seen.slice(i + 1).some((r) => r.valid && r.method === s.method && r.rpcMethod === s.rpcMethod && r.sessionId === s.sessionId);
     return retried ? [] : [`${SUPERSEDED}, and no retry with a valid token followed`];
   });
 }

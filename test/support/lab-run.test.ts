@@ -10,7 +10,7 @@ import type { McpSeen } from '../../contract-tests/helpers/mcp-upstream.js';
  * nobody retried: the lab steps trust it to fail on the second and not on the first.
  */
 
-const seen = (method: string, valid: boolean, problem?: string, sessionId = 's1'): McpSeen => ({ method, token: 'tok', valid, sessionId, rpcMethod: 'tools/call', ...(problem ? { problem } : {}) });
+const seen = (method: string, valid: boolean, problem?: string, sessionId = 's1', rpcMethod = 'tools/call'): McpSeen => ({ method, token: 'tok', valid, sessionId, rpcMethod, ...(problem ? { problem } : {}) });
 
 t.test('checkWith: a superseded token is told from one the Gateway never minted', async (t) => {
   const credential = 'hostcred-lab-run-test';
@@ -32,9 +32,9 @@ t.test('unbridged: only a refusal the forwarder did not retry with a valid token
   t.same(unbridged([seen('POST', true), seen('POST', false, SUPERSEDED), seen('POST', true)]), [], 'superseded, then the retry: bridged');
   t.same(unbridged([seen('POST', true), seen('POST', false, SUPERSEDED)]), [`${SUPERSEDED}, and no retry with a valid token followed`], 'superseded with nothing after it');
   t.same(
-    unbridged([seen('POST', false, SUPERSEDED), seen('GET', true), seen('POST', true, undefined, 's2')]),
+    unbridged([seen('POST', false, SUPERSEDED), seen('GET', true), seen('POST', true, undefined, 's2'), seen('POST', true, undefined, 's1', 'tools/list')]),
     [`${SUPERSEDED}, and no retry with a valid token followed`],
-    'a valid request of another method or session is not its retry',
+    'a valid request of another method, session or JSON-RPC method is not its retry',
   );
   t.same(unbridged([seen('POST', false, 'a token the Gateway did not mint'), seen('POST', true)]), ['a token the Gateway did not mint'], 'any other refusal is reported, retried or not');
 });
