@@ -5,6 +5,9 @@
  * survived. Written at exit to `$BENCH_ALLOC_DIR/alloc-<pid>.heapprofile` (an in-process
  * inspector session answers synchronously, so the 'exit' handler can stop and write it).
  * SIGUSR2 restarts the sampling: the bench sends it after its warm-up.
+ * With BENCH_ALLOC_SURVIVORS=1, objects the scavenger collected are left out: the profile
+ * is then what outlived the young generation (promoted, or alive at exit), which is what
+ * the mark-compactor pays for.
  */
 import { writeFileSync } from 'node:fs';
 import { Session } from 'node:inspector';
@@ -15,11 +18,12 @@ if (dir) {
   const session = new Session();
   session.connect();
   const interval = Number(process.env.BENCH_ALLOC_INTERVAL ?? 4096);
+  const survivorsOnly = process.env.BENCH_ALLOC_SURVIVORS === '1';
   const start = (): void =>
     session.post('HeapProfiler.startSampling', {
       samplingInterval: interval,
       includeObjectsCollectedByMajorGC: true,
-      includeObjectsCollectedByMinorGC: true,
+      includeObjectsCollectedByMinorGC: !survivorsOnly,
     });
   start();
   // The bench's mark after its warm-up: what was sampled so far (start-up, the first

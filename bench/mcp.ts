@@ -60,6 +60,11 @@ export interface McpBenchOptions {
    * objects included) and print bytes allocated per call by function for each.
    */
   alloc?: boolean | undefined;
+  /**
+   * With `alloc`: leave out what the scavenger collected, so the profile is what outlived
+   * the young generation (promoted, or alive at exit): what the mark-compactor pays for.
+   */
+  allocSurvivors?: boolean | undefined;
   /** The answer framings measured (default both). */
   framings?: Framing[] | undefined;
   cli: string;
@@ -84,6 +89,8 @@ export const MCP_USAGE = `  --mcp                  only the real-MCP-traffic run
   --mcp-alloc            (with --mcp) the forwarder(s) and the Node floor run under V8's sampling
                          heap profiler (collected objects included); prints bytes allocated
                          per call by function for each, largest difference first
+  --mcp-alloc-survivors  (with --mcp) as --mcp-alloc, but only what outlived the young
+                         generation (promoted): what makes the mark-compactor's work
   --mcp-framings LIST    (with --mcp) subset of ${FRAMINGS.join(',')} (default both)
   --mcp-base-cli FILE    (with --mcp) another build's dist/cli.js: its forwarder runs beside this
                          one as peer forwarder-base (a change measured before/after in one run)
@@ -117,7 +124,8 @@ export function parseMcpArgs(argv: string[]): McpBenchOptions {
     install: !argv.includes('--no-install'),
     docs: argv.includes('--docs'),
     profile: argv.includes('--mcp-profile'),
-    alloc: argv.includes('--mcp-alloc'),
+    alloc: argv.includes('--mcp-alloc') || argv.includes('--mcp-alloc-survivors'),
+    allocSurvivors: argv.includes('--mcp-alloc-survivors'),
     framings,
     cli: value('cli') ?? DEFAULT_CLI,
     baseCli: baseCli && resolve(baseCli),
@@ -558,7 +566,13 @@ function allocReport(dir: string, pids: Map<number, McpPeerName>, rounds: McpRou
   };
   log(
     [
-      ...table('Bytes allocated per call by allocating function (sampled, collected objects included)', bySelf, 40),
+      ...table(
+        opts.allocSurvivors
+          ? 'Bytes per call that outlived the young generation, by allocating function (sampled)'
+          : 'Bytes allocated per call by allocating function (sampled, collected objects included)',
+        bySelf,
+        40,
+      ),
       ...table('The same by the innermost frame of our own code on the stack', byOurs, 40),
       `profiles: ${RESULTS_DIR}/*-mcp-${stamp}.heapprofile`,
     ].join('\n'),
@@ -641,9 +655,11 @@ export async function runMcpBench(opts: McpBenchOptions, log: (s: string) => voi
       mkdirSync(allocDir, { recursive: true });
       // Read by bench/alloc-sampler.ts in the peers started below (they inherit this environment).
       process.env.BENCH_ALLOC_DIR = allocDir;
+      if (opts.allocSurvivors) process.env.BENCH_ALLOC_SURVIVORS = '1';
     }
     const { routes, stop } = await startRoutes(peers, server, work, opts.cli, opts.baseCli, bins, log, profDir, opts.framings, opts.peerCheck, opts.alloc);
     delete process.env.BENCH_ALLOC_DIR;
+    delete process.env.BENCH_ALLOC_SURVIVORS;
     const allocPids = new Map<number, McpPeerName>();
     if (allocDir) for (const r of routes) if ((ALLOC_PEERS as readonly string[]).includes(r.peer)) allocPids.set(r.pids()[0] as number, r.peer);
     try {
