@@ -1,6 +1,6 @@
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CLI } from '../../test/support/cli-proc.js';
+import { CLI, REPO_ROOT } from '../../test/support/cli-proc.js';
 import { ensureSystemUser, lookupUser, run, type Lab, type RunResult, type SystemUser } from '../../test/support/lab.js';
 import type { TapTest } from '../../test/support/tap.js';
 import { tempDir } from '../../test/support/temp-dir.js';
@@ -93,13 +93,36 @@ export async function installForLab(t: TapTest, prefix: string): Promise<LabPack
   return Object.assign(partial, { work, unitDir, appDir: join(root, LIB_DIR), tmpfilesConf, svc, agent: await ensureSystemUser(AGENT_USER), dropIn });
 }
 
+/**
+ * A folder inside the lab's app directory (seen in the lab under LIB_DIR) holding the
+ * checkout's whole node_modules, for a script the agent runs that needs a dev dependency
+ * (the MCP SDK): the installed package ships production dependencies only, and the
+ * checkout itself may be closed to the agent UID (under /root, or a 0700 mktemp -d).
+ * Hard links when the checkout and the scratch root share a file system, else a copy.
+ * Returns its name under the app directory.
+ */
+export async function devModulesDir(t: TapTest, pkg: LabPackage): Promise<string | undefined> {
+  const name = 'lab-dev';
+  const dir = join(pkg.appDir, name);
+  mkdirSync(dir, { mode: 0o755 });
+  // realpath: a checkout's node_modules may itself be a link (a git worktree's to the main one).
+  const from = realpathSync(join(REPO_ROOT, 'node_modules'));
+  for (const flags of ['-al', '-a']) {
+    const r = await run('cp', [flags, from, join(dir, 'node_modules')], { timeoutMs: 120_000 });
+    if (r.code === 0) return name;
+    rmSync(join(dir, 'node_modules'), { recursive: true, force: true });
+    if (flags === '-a') t.fail(`copying the checkout's node_modules into the lab's app directory failed (${r.code}): ${r.stderr}`);
+  }
+  return undefined;
+}
+
 let installed: Promise<RunResult & { root: string }> | undefined;
 
 /**
  * `install` into a scratch root, once per process: the labs of one file share it (each a
- * hard-linked copy), since install copies the checkout's whole node_modules, tens of
- * thousands of files, which took 15 to 30 s a lab on the test VM. The tree stays until the
- * process exits.
+ * hard-linked copy). Install copies production's node_modules only since it reads the
+ * lockfile (about 2 s on the test VM; the whole node_modules had taken 15 to 30 s a lab),
+ * but the labs still need not wait for it twice. The tree stays until the process exits.
  */
 function installedOnce(): Promise<RunResult & { root: string }> {
   installed ??= (async () => {

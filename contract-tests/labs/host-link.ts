@@ -5,7 +5,7 @@ import t from 'tap';
 import { FORWARDER_PORT, Lab, LAB_QUEUE_ALLOWANCE_MS, labSkipReason } from '../../test/support/lab.js';
 import { MockHostGateway } from '../../test/support/mock-host-gateway.js';
 import { unlessMissing } from '../../test/tools/prerequisite.js';
-import { APPLY, CLI_PROXY, DYNAMIC_UIDS, LINK, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
+import { APPLY, CLI_PROXY, devModulesDir, DYNAMIC_UIDS, LINK, FORWARDER, installForLab, LIB_DIR, STATE, SVC, TARGET } from '../helpers/lab-package.js';
 import { labSteps, recordMinted } from '../helpers/lab-run.js';
 import { McpUpstream } from '../helpers/mcp-upstream.js';
 
@@ -36,7 +36,7 @@ const APPLIED = `${STATE}/handoff/applied-state.json`;
 const LAB_LIMIT_S = 200;
 const BUDGET_MS = 260_000;
 
-/** A tiny MCP client as an agent would run one: the SDK from the installed package's node_modules. */
+/** A tiny MCP client as an agent would run one: the SDK from the checkout's node_modules, put beside it (devModulesDir). */
 const CLIENT_SCRIPT = `import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 const [url, text] = process.argv.slice(2);
@@ -102,7 +102,9 @@ t.test('systemd lab: enrol against the mock Gateway, a binding served and delete
 
   // ---- the installed units, plus the lab's drop-ins -----------------------------------------
   dropIn(LINK, 'lab.conf', `[Service]\nLoadCredential=\nLoadCredential=host-credential:${credentialFile}\nEnvironmentFile=-${join(etcDir, 'link.env')}\n`);
-  writeFileSync(join(appDir, 'lab-mcp-client.mjs'), CLIENT_SCRIPT, { mode: 0o644 });
+  const devDir = await devModulesDir(t, pkg);
+  if (!devDir) return;
+  writeFileSync(join(appDir, devDir, 'lab-mcp-client.mjs'), CLIENT_SCRIPT, { mode: 0o644 });
 
   let l: Lab;
   try {
@@ -166,7 +168,7 @@ t.test('systemd lab: enrol against the mock Gateway, a binding served and delete
     // forwarder knows the binding; the SDK client below is the proof that it serves it.
     await eventually('the forwarder to know the binding', async () => ((await forwarderStatus(BINDING)) !== 404 ? true : undefined), 20_000);
     const client = await l.exec(
-      `setpriv --reuid=${agent.uid} --regid=${agent.gid} --clear-groups -- env -i PATH=/usr/bin:/bin ${process.execPath} ${LIB_DIR}/lab-mcp-client.mjs http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp 'hello from the agent'`,
+      `setpriv --reuid=${agent.uid} --regid=${agent.gid} --clear-groups -- env -i PATH=/usr/bin:/bin ${process.execPath} ${LIB_DIR}/${devDir}/lab-mcp-client.mjs http://127.0.0.1:${FORWARDER_PORT}/i/${BINDING}/mcp 'hello from the agent'`,
       60_000,
     );
     tt.equal(client.code, 0, `the SDK client exits 0${client.code === 0 ? '' : `: ${client.stderr.slice(-2000)}`}`);

@@ -1,6 +1,6 @@
-import { NOT_SHIPPED, PACKAGE_PARTS } from '../data/package-parts.js';
+import { PACKAGE_PARTS } from '../data/package-parts.js';
 import { existsSync } from 'node:fs';
-import { cp, lstat, mkdir, readdir, readFile, rm, stat, symlink, unlink } from 'node:fs/promises';
+import { lstat, mkdir, readdir, readFile, rm, symlink, unlink } from 'node:fs/promises';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
@@ -9,6 +9,7 @@ import { SYSTEM_CA_BUNDLE_DIR, SYSTEM_SHIM_DIR } from '../data/state-layout.js';
 import { LINK_UNIT, LINK_USER, OLD_LINK_UNIT } from '../data/unit-names.js';
 import { ConfigError } from '../errors.js';
 import { atomicWrite } from '../fs/atomic-write.js';
+import { copyPackage, planPackageCopy } from './copy-package.js';
 import { LINK_STATE, moveOldLinkNames, OLD_STATE, OLD_STATE_LINK, type Act, type Systemctl } from './link-rename.js';
 
 /** Where the running package lives (the directory holding package.json and dist/). */
@@ -28,7 +29,11 @@ export interface InstallOptions {
   layout?: Layout;
   /** The package tree copied (default: the running one); the .deb build names its checkout. */
   from?: string;
-  /** A node_modules copied instead of the package tree's own (the .deb ships production dependencies only). */
+  /**
+   * A node_modules copied whole instead of the package tree's own (the .deb build's,
+   * production dependencies only). Without it a checkout's own is copied less its dev-only
+   * packages (copy-package.ts).
+   */
   nodeModules?: string;
   /** `--agent-user`: names or UIDs added to the agent-users file (kept: an upgrade never drops one). */
   agentUsers?: readonly string[];
@@ -115,6 +120,8 @@ export async function install(options: InstallOptions): Promise<Action[]> {
   const l = options.layout ?? layout(options.prefix);
   const from = options.from ?? PACKAGE_ROOT;
   const at = (p: string): string => join(options.root, p);
+  // Before anything changes: an invalid lockfile stops install here, dry run or not.
+  const copy = await planPackageCopy(from, options.nodeModules);
   const { actions, act } = recorder(options.dryRun);
   const systemctl = options.activate && options.root === '/' && existsSync('/run/systemd/system') ? hostSystemctl : undefined;
   // Before the units are written: the old link unit is stopped while its file is still there.
@@ -124,12 +131,7 @@ export async function install(options: InstallOptions): Promise<Action[]> {
     await act('replace package', l.libDir, async () => {
       await rm(at(l.libDir), { recursive: true, force: true });
       await mkdir(at(l.libDir), { recursive: true, mode: 0o755 });
-      for (const part of PACKAGE_PARTS) {
-        const src = part === 'node_modules' && options.nodeModules ? options.nodeModules : join(from, part);
-        const skip = NOT_SHIPPED.map((p) => join(from, p));
-        const shipped = (path: string): boolean => !skip.some((p) => path === p || path.startsWith(`${p}/`));
-        if (await stat(src).catch(() => undefined)) await cp(src, join(at(l.libDir), part), { recursive: true, dereference: false, filter: shipped });
-      }
+      await copyPackage(copy, at(l.libDir));
     });
   }
   await act('link CLI', l.binLink, async () => {
