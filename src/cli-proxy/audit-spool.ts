@@ -49,9 +49,28 @@ export class AuditSpool {
   /** How many the current queue-full episode has shed; undefined while the queue has room. */
   #shedInEpisode: number | undefined;
 
+  /** Test-only (hook `audit-hold-writes`): every write waits for this until SIGUSR2. */
+  #held: Promise<void> | undefined;
+
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
     this.#log = log;
+    // A test of the queue's gauge holds the writes for as long as it needs, instead of
+    // hoping the disk is slow enough for calls to overtake them.
+    if (hookEnabled('audit-hold-writes')) {
+      this.#held = new Promise((resolve) =>
+        process.once('SIGUSR2', () => {
+          log.warn('test hook: audit writes released');
+          this.#held = undefined;
+          resolve();
+        }),
+      );
+    }
+  }
+
+  /** Events recorded and not yet written (or failed): 0 when everything so far is on disk. */
+  get queued(): number {
+    return this.#queued;
   }
 
   /** Creates the directory if missing, removes what a killed writer left, reads the counters. */
@@ -105,6 +124,7 @@ export class AuditSpool {
   }
 
   async #write(event: AuditEvent): Promise<void> {
+    if (this.#held) await this.#held;
     try {
       const checked = auditEventSchema.parse(event);
       if (this.#shed > 0) await this.#countShed();
