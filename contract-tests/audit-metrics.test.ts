@@ -8,6 +8,7 @@ import { until } from '../test/support/poll.js';
 import { startProxy, type ProxyProc } from '../test/support/proxy-rig.js';
 import type { TapTest } from '../test/support/tap.js';
 import { tempDir } from '../test/support/temp-dir.js';
+import { waitAuditDrained } from '../bench/lib/audit-drain.js';
 import { scrape } from './helpers/scrape.js';
 
 /*
@@ -80,11 +81,27 @@ t.test('the queued-events gauge counts answered calls whose events wait for the 
   t.same(leakedSecrets((await scrape(port)).text), [], 'no token in the scrape');
 });
 
+t.test('the bench\'s wait between cells: it gives up at its bound while events stay queued, and ends once they are written', async (t) => {
+  const { proxy, spool } = await startAudited(t, [], { AGENT_CONNECTORS_TEST_HOOKS: 'audit-hold-writes' });
+  const port = await metricsPort(proxy);
+  const pid = proxy.child.pid as number;
+  for (let i = 0; i < 3; i++) t.equal(await call(proxy, i), 200);
+  await until(async () => (await scrape(port)).value(QUEUED) === 3, '3 events queued');
+  const held = await waitAuditDrained(port, [pid], 300);
+  t.match(held, { queued: 3, drained: false, left: 3 }, 'not drained: the bench warns and goes on');
+  proxy.child.kill('SIGUSR2');
+  const done = await waitAuditDrained(port, [pid], 30_000);
+  // Its first scrape may come before or after the release took effect: only the end is certain.
+  t.match(done, { drained: true, left: 0 }, 'drained once the writes are released');
+  t.equal(eventFiles(spool).length, 3, 'and the events are on disk by then');
+});
+
 t.test('without the audit the cli-proxy serves no queue gauge', async (t) => {
   const { proxy } = await startAudited(t, ['--no-audit']);
   const port = await metricsPort(proxy);
   t.equal(await call(proxy, 1), 200);
   t.same((await scrape(port)).find(QUEUED), [], 'no series: there is no queue');
+  t.equal(await waitAuditDrained(port, [proxy.child.pid as number]), undefined, 'the bench has nothing to wait for');
 });
 
 checkNoLeaks(t);
