@@ -18,13 +18,13 @@
  * `--cpu-prof`: one repetition with each side under V8's profiler; prints the JS time of
  * the audit path by function (on the stack), as µs per request.
  */
-import { copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { readDroppedCount } from '../src/data/audit-event.js';
 import type { BenchOptions } from './lib/args.js';
 import { endpointsFor } from './full.js';
 import { RESULTS_DIR } from './lib/paths.js';
-import { newWorkDir, removeWorkDir, startPeer, type Peer } from './lib/peers.js';
+import { newWorkDir, removeWorkDir, startPeer, UNREACHED_AUDIT_BOUND, type Peer } from './lib/peers.js';
 import { CLK_TCK } from './lib/proc.js';
 import { fmtSummary } from './lib/report.js';
 import { summarize, type Summary } from './lib/stats.js';
@@ -104,7 +104,13 @@ export function auditPathOnStack(p: CpuProfile): { busyMs: number; byFunction: M
       const f = byId.get(cur)?.callFrame;
       if (!f) continue;
       const file = AUDIT_FILES.exec(f.url)?.[1];
-      const name = file ? `${f.functionName || '(anonymous)'} (${file}.js)` : FS_CALLS.test(f.functionName) && f.url.startsWith('node:') ? `fs ${f.functionName}` : undefined;
+      const name = file
+        ? `${f.functionName || '(anonymous)'} (${file}.js)`
+        : FS_CALLS.test(f.functionName) && f.url.startsWith('node:')
+          ? `fs ${f.functionName}`
+          : f.url.includes('/node_modules/zod/')
+            ? 'zod (the event\'s schema check)'
+            : undefined;
       if (name) seen.add(name);
     }
     if (leaf.callFrame.functionName === '(garbage collector)') seen.add('(garbage collector)');
@@ -113,10 +119,18 @@ export function auditPathOnStack(p: CpuProfile): { busyMs: number; byFunction: M
   return { busyMs: busy, byFunction };
 }
 
-export async function runAuditWrk(opts: BenchOptions, log: (s: string) => void, cpuProf: boolean): Promise<AuditWrkResults> {
+export interface AuditWrkOptions {
+  /** One repetition under V8's profiler. */
+  cpuProf: boolean;
+  /** Where the spools go (default: the run's temp directory); removed at the end. */
+  spoolDir?: string | undefined;
+}
+
+export async function runAuditWrk(opts: BenchOptions, log: (s: string) => void, { cpuProf, spoolDir }: AuditWrkOptions): Promise<AuditWrkResults> {
   const tools = await ensureTools(opts.install, log);
   if (!tools.wrk) throw new Error('--audit-wrk needs wrk');
   const work = newWorkDir();
+  const spoolRoot = spoolDir ? mkdtempSync(join(spoolDir, 'ac-audit-wrk-')) : work;
   const script = writeWrkScript(work);
   const upstream = await startUpstream(AUDIT_SIDES.length);
   const reps = cpuProf ? 1 : opts.reps;
@@ -138,7 +152,7 @@ export async function runAuditWrk(opts: BenchOptions, log: (s: string) => void, 
       const spools = new Map<AuditSide, string>();
       try {
         for (const [i, side] of AUDIT_SIDES.entries()) {
-          const spool = join(work, `audit-${side}-${rep}`);
+          const spool = join(spoolRoot, `audit-${side}-${rep}`);
           spools.set(side, spool);
           const prof = join(work, `prof-${side}`);
           if (cpuProf) mkdirSync(prof, { recursive: true });
@@ -150,7 +164,7 @@ export async function runAuditWrk(opts: BenchOptions, log: (s: string) => void, 
               endpoints: endpointsFor(opts),
               workDir: work,
               nodeArgs: cpuProf ? ['--cpu-prof', '--cpu-prof-dir', prof, '--cpu-prof-interval', '200'] : [],
-              extraArgs: side === 'off' ? ['--no-audit'] : ['--audit-dir', spool, '--audit-max-events', side === 'full' ? String(FULL_BOUND) : '100000000'],
+              extraArgs: side === 'off' ? ['--no-audit'] : ['--audit-dir', spool, '--audit-max-events', String(side === 'full' ? FULL_BOUND : UNREACHED_AUDIT_BOUND)],
             }),
           );
           if (cpuProf) profiles[side] = { dir: prof, requests: 0, mainCpuUs: 0, mainCpu0: mainThreadCpu(peers.get(side) as Peer) };
@@ -241,6 +255,7 @@ export async function runAuditWrk(opts: BenchOptions, log: (s: string) => void, 
     log(`profiles: ${RESULTS_DIR}/cli-proxy-audit-*-${stamp}.cpuprofile`);
   }
   removeWorkDir(work);
+  if (spoolRoot !== work) removeWorkDir(spoolRoot);
   mkdirSync(RESULTS_DIR, { recursive: true });
   const out = opts.out ? resolve(opts.out) : resolve(RESULTS_DIR, `audit-wrk-${results.date.replace(/[:.]/g, '-')}.json`);
   writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);

@@ -63,6 +63,10 @@ async function main(): Promise<number> {
     process.stdout.write(`${JSON.stringify(r, null, 2)}\n\n${limitsMarkdown(r)}\n`);
     return 0;
   }
+  // --audit-wrk's own: where its spools go (a file system of their own, e.g. a journaled ext4).
+  const spoolAt = argv.indexOf('--spool-dir');
+  const spoolDir = spoolAt >= 0 ? argv[spoolAt + 1] : undefined;
+  if (spoolAt >= 0) argv.splice(spoolAt, 2);
   let opts;
   try {
     opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics' && a !== '--audit' && a !== '--audit-wrk' && a !== '--cpu-prof'));
@@ -73,7 +77,7 @@ async function main(): Promise<number> {
   installCleanup();
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
   if (argv.includes('--audit-wrk')) {
-    const r = await runAuditWrk(opts, log, argv.includes('--cpu-prof'));
+    const r = await runAuditWrk(opts, log, { cpuProf: argv.includes('--cpu-prof'), spoolDir });
     process.stdout.write(`${auditWrkMarkdown(r)}\n`);
     return 0;
   }

@@ -67,7 +67,8 @@ export const USAGE = `usage: npm run bench -- [options]
                          audit on and the audit on a full spool, in turns at each --concurrency;
                          CPU per request in the cell and with the spool's drain after it
                          (--reps, --seconds; --cpu-prof: one repetition under V8's profiler,
-                         the audit path's JS time by function; docs/audit.md)
+                         the audit path's JS time by function; --spool-dir DIR: the spools
+                         on another file system; docs/audit.md)
   --tls                  only TLS mode's cost per call (first call, new CONNECT, keep-alive
                          in one tunnel) against base-url mode and direct calls, and the
                          leaf minting alone (docs/design/tls-mode.md)

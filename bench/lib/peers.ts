@@ -65,6 +65,9 @@ export interface PeerStartOptions {
 
 export const BENCH_TOKEN = 'bench-token-0123456789abcdef';
 
+/** The cli-proxy peer's audit bound: above the calls of any run (a full run makes ~40 000 a repetition). */
+export const UNREACHED_AUDIT_BOUND = 100_000_000;
+
 export function bindingIdFor(endpoint: string): string {
   return `bench_${endpoint}_binding`;
 }
@@ -183,7 +186,11 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       // call for them, docs/metrics.md): the bench reads the audit queue there between cells.
       const extra = opts.extraArgs ?? [];
       const metrics = extra.includes('--metrics-listen') ? [] : ['--metrics-listen', '127.0.0.1:0'];
-      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'cli-proxy')), ...(opts.nodeArgs ?? [])] }, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...metrics, ...extra]);
+      // The audit as on a host whose link uploads: a bound no run reaches. At the default
+      // (10 000) the spool filled up during the c=16 cell and every later call first
+      // dropped the oldest event: the link-away mode, measured apart by --audit-wrk.
+      const bound = extra.includes('--no-audit') || extra.includes('--audit-max-events') ? [] : ['--audit-max-events', String(UNREACHED_AUDIT_BOUND)];
+      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'cli-proxy')), ...(opts.nodeArgs ?? [])] }, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...metrics, ...bound, ...extra]);
       const metricsPort = metrics.length ? (await waitForJsonLine<{ port: number }>(proc.logPath, (l) => l.msg === 'metrics listening', 30_000)).port : undefined;
       return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`, metricsPort);
     }
