@@ -6,6 +6,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import type { BenchOptions } from './lib/args.js';
+import { AUDIT_DRAIN_BOUND_MS, type AuditDrain } from './lib/audit-drain.js';
 import { slowRead, type SlowReadResult } from './lib/big.js';
 import { holdIdleStreams, timeToHeaders, type IdleStreamsResult } from './lib/idle.js';
 import { nodeLoad } from './lib/load.js';
@@ -57,6 +58,13 @@ export function endpointsFor(opts: BenchOptions): Record<string, string> {
     big: `/big?bytes=${Math.round(opts.bigMiB * MiB)}`,
     idle: '/idle',
   };
+}
+
+/** The longest wait for the cli-proxy's audit queue over the run, for the notes. */
+function longestDrain(reps: readonly RepResult[]): { d: AuditDrain; cell: string; rep: number } | undefined {
+  let best: { d: AuditDrain; cell: string; rep: number } | undefined;
+  for (const r of reps) for (const [cell, d] of Object.entries(r.drains ?? {})) if (!best || d.ms > best.d.ms) best = { d, cell, rep: r.rep };
+  return best;
 }
 
 async function waitIdleClosed(up: Upstream, port: number, timeoutMs = 20_000): Promise<void> {
@@ -133,6 +141,22 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
           }
         }
       };
+      /**
+       * After a cell that drove `p`: its audit events are written before anything else is
+       * measured (bench/lib/audit-drain.ts), and neither the wait nor its CPU is any cell's.
+       */
+      const settle = async (p: Peer, cell: string): Promise<void> => {
+        await attempt(`audit drain after ${cell} ${p.name}`, async () => {
+          const d = await p.auditDrained();
+          if (!d) return;
+          (result.drains ??= {})[cell] = d;
+          if (d.queued > 0) log(`  ${p.name}: ${d.queued} audit events still queued after ${cell}, written in ${(d.ms / 1000).toFixed(1)} s (${(d.cpuUs / 1000).toFixed(0)} ms of CPU, charged to no cell)`);
+          if (!d.drained) {
+            notes.push(`Repetition ${rep + 1}: the ${p.name}'s audit queue still held ${d.left} events ${AUDIT_DRAIN_BOUND_MS / 1000} s after ${cell}; the run went on, so the next cell measured part of that backlog.`);
+            log(`  WARNING ${notes[notes.length - 1] as string}`);
+          }
+        });
+      };
       log(`repetition ${rep + 1}/${opts.reps}: starting ${peers.join(', ')}`);
       const running: Peer[] = [];
       for (const [i, name] of peers.entries()) {
@@ -158,6 +182,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
             await measureSse(p.url('sseWarm'), 1, 20, 0);
             await slowRead({ url: p.url('bigWarm'), bytes: 16 * MiB, bytesPerSec: 1e12, pids: p.pids(), verify: false });
           });
+          await settle(p, 'warm-up');
         }
 
         for (const c of opts.concurrency) {
@@ -174,6 +199,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
                   `${r.errors ? `, ${r.errors} errors` : ''}`,
               );
             });
+            await settle(p, `json c=${c}`);
           }
         }
 
@@ -190,6 +216,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
                   `${r.cpuUsPerEvent !== undefined ? `, proxy CPU ${r.cpuUsPerEvent.toFixed(1)} µs/event (runtime ${r.cpuExactUsPerEvent?.toFixed(1)}; steady ${r.cpuSteadyUsPerEvent?.toFixed(1)}, main thread ${r.cpuSteadyMainUsPerEvent?.toFixed(1)})` : ''}${r.disorder ? `, ${r.disorder} out of order/missing` : ''}`,
               );
             });
+            await settle(p, `sse ${s}`);
           }
         }
 
@@ -203,6 +230,7 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
               log(`  time to headers (silent upstream) ${p.name}: median ${median(samples).toFixed(2)} ms`);
               await waitIdleClosed(upstream, p.upstreamPort);
             });
+            await settle(p, 'ttfh');
           }
         }
 
@@ -281,6 +309,16 @@ export async function runBench(opts: BenchOptions, log: (s: string) => void): Pr
     removeWorkDir(work);
   }
 
+  const longest = longestDrain(reps);
+  if (longest) {
+    const gauge = 'its `agent_connectors_audit_queued_events` at 0';
+    notes.push(
+      longest.d.queued === 0
+        ? `Between cells the bench checked that the cli-proxy's audit events were all written (${gauge}): no cell left any queued.`
+        : `Between cells the bench waited until the cli-proxy's audit events were all written (${gauge}), charged to no cell: ` +
+            `the longest wait ${(longest.d.ms / 1000).toFixed(1)} s for ${longest.d.queued.toLocaleString('en-US')} events (after ${longest.cell}, repetition ${longest.rep}).`,
+    );
+  }
   const results: BenchResults = {
     mode: opts.mode,
     machine,

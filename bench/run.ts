@@ -12,6 +12,7 @@ import { runPeerCheck } from './peer-check.js';
 import { runLink } from './link.js';
 import { runMetricsCost } from './metrics-cost.js';
 import { runAuditCost } from './audit-cost.js';
+import { auditWrkMarkdown, runAuditWrk } from './audit-wrk.js';
 import { runRenewBurst } from './renew-burst.js';
 import { runRenewScaleCli } from './renew-scale.js';
 import { runWatcherCost } from './watcher-cost.js';
@@ -62,15 +63,24 @@ async function main(): Promise<number> {
     process.stdout.write(`${JSON.stringify(r, null, 2)}\n\n${limitsMarkdown(r)}\n`);
     return 0;
   }
+  // --audit-wrk's own: where its spools go (a file system of their own, e.g. a journaled ext4).
+  const spoolAt = argv.indexOf('--spool-dir');
+  const spoolDir = spoolAt >= 0 ? argv[spoolAt + 1] : undefined;
+  if (spoolAt >= 0) argv.splice(spoolAt, 2);
   let opts;
   try {
-    opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics' && a !== '--audit'));
+    opts = parseArgs(argv.filter((a) => a !== '--metrics' && a !== '--with-metrics' && a !== '--audit' && a !== '--audit-wrk' && a !== '--cpu-prof'));
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}\n`);
     return 2;
   }
   installCleanup();
   const log = (line: string): void => void process.stderr.write(`${line}\n`);
+  if (argv.includes('--audit-wrk')) {
+    const r = await runAuditWrk(opts, log, { cpuProf: argv.includes('--cpu-prof'), spoolDir });
+    process.stdout.write(`${auditWrkMarkdown(r)}\n`);
+    return 0;
+  }
   if (argv.includes('--audit')) return runAuditCost(opts, log).then((r) => (process.stdout.write(`${JSON.stringify(r, null, 2)}\n`), 0));
   if (argv.includes('--metrics')) {
     process.stdout.write(`${JSON.stringify(await runMetricsCost(opts, log), null, 2)}\n`);

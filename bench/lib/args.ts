@@ -63,6 +63,12 @@ export const USAGE = `usage: npm run bench -- [options]
                          off and on, alternating (a full run includes it; docs/metrics.md)
   --audit                only the audit cost: cli-proxy CPU and disk writes per request with
                          --no-audit and with the spool on, alternating (docs/audit.md)
+  --audit-wrk            only the audit cost at wrk rates: cli-proxies with --no-audit, the
+                         audit on and the audit on a full spool, in turns at each --concurrency;
+                         CPU per request in the cell and with the spool's drain after it
+                         (--reps, --seconds; --cpu-prof: one repetition under V8's profiler,
+                         the audit path's JS time by function; --spool-dir DIR: the spools
+                         on another file system; docs/audit.md)
   --tls                  only TLS mode's cost per call (first call, new CONNECT, keep-alive
                          in one tunnel) against base-url mode and direct calls, and the
                          leaf minting alone (docs/design/tls-mode.md)

@@ -8,9 +8,10 @@ import type { ChildProcess } from 'node:child_process';
 import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { waitAuditDrained, type AuditDrain } from './audit-drain.js';
 import { startNginx } from './nginx.js';
 import { FLOOR_PROXY_JS } from './paths.js';
-import { freePort, NOFILE, partNodeFlags, spawnTracked, stopChild, waitForPort } from './proc.js';
+import { freePort, NOFILE, partNodeFlags, spawnTracked, stopChild, waitForJsonLine, waitForPort } from './proc.js';
 
 export const ALL_PEERS = ['direct', 'nginx', 'node-floor', 'forwarder', 'forwarder-warn', 'cli-proxy'] as const;
 /** Peers run only when asked for: `forwarder-base` is another build's forwarder (`--base-cli`). */
@@ -38,6 +39,12 @@ export interface Peer {
   url(endpoint: string): string;
   /** The proxy's processes; empty for direct (there is no proxy). */
   pids(): number[];
+  /**
+   * The cli-proxy: waits until its audit events are all written (bench/lib/audit-drain.ts),
+   * for the gap between two cells. Undefined for the other peers and when nothing is
+   * reported (audit off).
+   */
+  auditDrained(): Promise<AuditDrain | undefined>;
   stop(): Promise<void>;
 }
 
@@ -58,6 +65,9 @@ export interface PeerStartOptions {
 
 export const BENCH_TOKEN = 'bench-token-0123456789abcdef';
 
+/** The cli-proxy peer's audit bound: above the calls of any run (a full run makes ~40 000 a repetition). */
+export const UNREACHED_AUDIT_BOUND = 100_000_000;
+
 export function bindingIdFor(endpoint: string): string {
   return `bench_${endpoint}_binding`;
 }
@@ -68,7 +78,7 @@ function endpointPath(endpoints: Endpoints, e: string): string {
   return p;
 }
 
-function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upstreamPort: number, path: (e: string) => string): Peer {
+function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upstreamPort: number, path: (e: string) => string, metricsPort?: number): Peer {
   return {
     name,
     port,
@@ -76,6 +86,7 @@ function makePeer(name: PeerName, proc: ProcPeer | undefined, port: number, upst
     path,
     url: (e) => `http://127.0.0.1:${port}${path(e)}`,
     pids: () => (proc ? proc.pids() : []),
+    auditDrained: async () => (proc && metricsPort !== undefined ? waitAuditDrained(metricsPort, proc.pids()) : undefined),
     stop: async () => {
       await proc?.stop();
     },
@@ -171,8 +182,17 @@ export async function startPeer(name: PeerName, opts: PeerStartOptions): Promise
       writeFileSync(tokenFile, `${BENCH_TOKEN}\n`, { mode: 0o600 });
       const catalog = { bench: { upstream: up, tokenFile, inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' } } };
       writeFileSync(join(cdir, 'providers.json'), JSON.stringify(catalog, null, 2), { mode: 0o600 });
-      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'cli-proxy')), ...(opts.nodeArgs ?? [])] }, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...(opts.extraArgs ?? [])]);
-      return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`);
+      // Metrics on, always (audit on or off, so both sides of an A/B pay the same ~2 µs a
+      // call for them, docs/metrics.md): the bench reads the audit queue there between cells.
+      const extra = opts.extraArgs ?? [];
+      const metrics = extra.includes('--metrics-listen') ? [] : ['--metrics-listen', '127.0.0.1:0'];
+      // The audit as on a host whose link uploads: a bound no run reaches. At the default
+      // (10 000) the spool filled up during the c=16 cell and every later call first
+      // dropped the oldest event: the link-away mode, measured apart by --audit-wrk.
+      const bound = extra.includes('--no-audit') || extra.includes('--audit-max-events') ? [] : ['--audit-max-events', String(UNREACHED_AUDIT_BOUND)];
+      const proc = await startNode({ ...opts, nodeArgs: [...(await partNodeFlags(opts.cli, 'cli-proxy')), ...(opts.nodeArgs ?? [])] }, dir, ['cli-proxy', '--state-dir', dir, '--log-level', 'info', ...metrics, ...bound, ...extra]);
+      const metricsPort = metrics.length ? (await waitForJsonLine<{ port: number }>(proc.logPath, (l) => l.msg === 'metrics listening', 30_000)).port : undefined;
+      return makePeer(name, proc, proc.port, upstreamPort, (e) => `/p/bench${endpointPath(endpoints, e)}`, metricsPort);
     }
   }
 }

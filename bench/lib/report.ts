@@ -1,6 +1,7 @@
 /** Ratios within each repetition, median (min–max) over repetitions, and the markdown report. */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import type { BenchOptions } from './args.js';
+import type { AuditDrain } from './audit-drain.js';
 import type { SlowReadResult } from './big.js';
 import type { IdleStreamsResult } from './idle.js';
 import type { PeerName } from './peers.js';
@@ -21,6 +22,8 @@ export interface RepResult {
   ttfh: ByPeer<{ samplesMs: number[]; medianMs: number }>;
   big: ByPeer<SlowReadResult>;
   idle: Record<string, ByPeer<IdleStreamsResult>>;
+  /** The cli-proxy's audit backlog after each cell that drove it, written before the next cell (charged to none). */
+  drains?: Record<string, AuditDrain>;
   errors: string[];
 }
 

@@ -1,4 +1,5 @@
-import { mkdir, unlink } from 'node:fs/promises';
+import { unlinkSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { auditEventFileName, auditEventSchema, DEFAULT_AUDIT_MAX_EVENTS, DROPPED_FILE, listAuditSpool, readDroppedCount, SPOOL_FILE, spoolFileSchema, type AuditEvent } from '../data/audit-event.js';
 import { atomicWrite, atomicWriteSync, sweepStaleTemps } from '../fs/atomic-write.js';
@@ -14,9 +15,10 @@ export interface AuditSpoolConfig {
 }
 
 /**
- * Up to ~1 KB of memory each while queued. The spool writes ≈ 2 500 events/s on the shared
- * VM (docs/audit.md, Cost): a burst above that rate, or a stalled disk, waits here, but
- * not without end.
+ * Up to ~1 KB of memory each while queued. Each write is synchronous, within the turn that
+ * recorded it, so events wait here only behind one that awaits the disk: the listing of a
+ * full spool (once per tenth of the bound). Bounded all the same: a listing that hangs
+ * must not grow the process without end.
  */
 export const DEFAULT_AUDIT_MAX_QUEUED = 10_000;
 
@@ -25,8 +27,8 @@ export { DEFAULT_AUDIT_MAX_EVENTS };
 /**
  * The cli-proxy's side of the audit spool (SPEC §9): one atomic file per event, 0640 in a
  * setgid directory so the link (group agent-connectors-renew) can read and delete it.
- * Writes are queued one after the other, after the response: a slow disk never delays a
- * CLI call, and a failed write costs that event only (logged), never the call.
+ * Writes are queued one after the other, after the response: a CLI call is answered before
+ * its event is written, and a failed write costs that event only (logged), never the call.
  */
 export class AuditSpool {
   readonly #config: AuditSpoolConfig;
@@ -49,9 +51,28 @@ export class AuditSpool {
   /** How many the current queue-full episode has shed; undefined while the queue has room. */
   #shedInEpisode: number | undefined;
 
+  /** Test-only (hook `audit-hold-writes`): every write waits for this until SIGUSR2. */
+  #held: Promise<void> | undefined;
+
   constructor(config: AuditSpoolConfig, log: Logger) {
     this.#config = config;
     this.#log = log;
+    // A test of the queue's gauge holds the writes for as long as it needs, instead of
+    // hoping the disk is slow enough for calls to overtake them.
+    if (hookEnabled('audit-hold-writes')) {
+      this.#held = new Promise((resolve) =>
+        process.once('SIGUSR2', () => {
+          log.warn('test hook: audit writes released');
+          this.#held = undefined;
+          resolve();
+        }),
+      );
+    }
+  }
+
+  /** Events recorded and not yet written (or failed): 0 when everything so far is on disk. */
+  get queued(): number {
+    return this.#queued;
   }
 
   /** Creates the directory if missing, removes what a killed writer left, reads the counters. */
@@ -91,23 +112,37 @@ export class AuditSpool {
   /** Resolves once every recorded event is on disk (or has failed), and every drop counted: for shutdown. */
   async flush(): Promise<void> {
     await this.#tail;
-    if (this.#shed > 0) await this.#countShed().catch((err: unknown) => this.#log.error({ err: { message: (err as Error).message } }, 'audit drop count not saved'));
+    try {
+      if (this.#shed > 0) this.#countShed();
+    } catch (err) {
+      this.#log.error({ err: { message: (err as Error).message } }, 'audit drop count not saved');
+    }
   }
 
-  async #countShed(): Promise<void> {
+  #countShed(): void {
     this.#dropped += this.#shed;
     this.#shed = 0;
-    await this.#saveDropped();
+    this.#saveDropped();
   }
 
-  async #saveDropped(): Promise<void> {
-    await atomicWrite(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
+  /**
+   * Like an event, synchronous and not fsynced (atomicWriteSync): whole or absent to the
+   * link and across a crash of this process, and still renamed into place before the
+   * deletes it counts, so a crash over-counts, never under-counts. A power loss can undo
+   * the last ~30 s of it, as it can undo the last events, which were never counted either:
+   * an fsync here bought nothing the spool promises, and at one per drop (two with the
+   * directory's, through libuv's pool) it held a full spool to a few hundred events a
+   * second, at ~1.3 ms of CPU each, while the calls queued their events in memory.
+   */
+  #saveDropped(): void {
+    atomicWriteSync(join(this.#config.dir, DROPPED_FILE), `${JSON.stringify({ dropped: this.#dropped })}\n`, { mode: 0o640 });
   }
 
   async #write(event: AuditEvent): Promise<void> {
+    if (this.#held) await this.#held;
     try {
       const checked = auditEventSchema.parse(event);
-      if (this.#shed > 0) await this.#countShed();
+      if (this.#shed > 0) this.#countShed();
       if (this.#count >= this.#config.maxEvents) await this.#makeRoom();
       const name = auditEventFileName(checked);
       // Synchronous and not fsynced (atomicWriteSync says why): the event still survives a
@@ -166,11 +201,14 @@ export class AuditSpool {
     this.#trusted -= 1;
     const victims = this.#oldest.splice(0, excess);
     this.#dropped += victims.length;
-    await this.#saveDropped();
+    this.#saveDropped();
+    // Synchronous, as the writes: one unlink is a few µs, and a hop to the pool and back cost more.
     for (const name of victims) {
-      await unlink(join(this.#config.dir, name)).catch(() => {
+      try {
+        unlinkSync(join(this.#config.dir, name));
+      } catch {
         this.#trusted = 0; // the link is taking files again: look before dropping more
-      });
+      }
     }
     this.#count -= victims.length;
     if (this.#episodeDropped === undefined) this.#log.warn({ dropped: victims.length, droppedTotal: this.#dropped, maxEvents: max }, 'audit spool full: oldest events dropped');

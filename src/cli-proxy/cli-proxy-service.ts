@@ -1,4 +1,5 @@
 import type { UpstreamOptions } from '../http/upstream-agent.js';
+import type { AuditMetrics } from '../metrics/audit-metrics.js';
 import { createLoopbackService, type PartObserver } from '../http/loopback-service.js';
 import type { PeerLimitFlags } from '../http/peer-limits.js';
 import type { ListenAddress } from '../http/loopback.js';
@@ -34,6 +35,8 @@ export interface CliProxyConfig {
   audit?: AuditSpoolConfig | undefined;
   /** Its metrics, when `--metrics-listen` is on. */
   observer?: PartObserver | undefined;
+  /** The audit spool's metrics, when `--metrics-listen` and the audit are on. */
+  auditMetrics?: AuditMetrics | undefined;
   /** TLS mode (SPEC §10): the CLI CA and the test aids; undefined: CONNECT is refused (405). */
   tls?: CliProxyTlsConfig | undefined;
   /** Per-UID and process limits given as flags (src/http/peer-limits.ts). */
@@ -105,6 +108,7 @@ export function createCliProxyService(deps: { config: CliProxyConfig; onListenin
       if (audit) {
         spool = new AuditSpool(audit, ctx.log.child({ audit: true }));
         await spool.open();
+        config.auditMetrics?.watch(spool);
       }
       try {
         await proxy.run(ctx);

@@ -6,6 +6,7 @@ import { createForwarderService, type ForwarderConfig } from '../forwarder/forwa
 import type { ListenAddress } from '../http/loopback.js';
 import { createLinkServices, type LinkConfig } from '../link/link.js';
 import type { Logger } from '../log/logger.js';
+import { createAuditMetrics } from '../metrics/audit-metrics.js';
 import { createHttpMetrics } from '../metrics/http-metrics.js';
 import { createLinkMetrics } from '../metrics/link-metrics.js';
 import { mergedExposition, type Exposition } from '../metrics/merged-exposition.js';
@@ -39,7 +40,7 @@ export interface ShimTarget {
  */
 export interface PartsConfig {
   forwarder?: Omit<ForwarderConfig, 'observer'> | undefined;
-  cliProxy?: Omit<CliProxyConfig, 'observer'> | undefined;
+  cliProxy?: Omit<CliProxyConfig, 'observer' | 'auditMetrics'> | undefined;
   link?: LinkConfig | undefined;
   apply?: (Omit<ApplyConfig, 'metrics' | 'reconcile'> & { shims?: ShimTarget | undefined }) | undefined;
   /** One /metrics endpoint for the process, serving every part it runs; undefined: off. */
@@ -194,9 +195,16 @@ export async function buildParts(config: PartsConfig, log: Logger, hooks: PartHo
   }
   if (config.cliProxy && createCliProxyService) {
     const cliProxy = config.cliProxy;
+    const registry = metrics?.of('cli-proxy');
     services.push(
       createCliProxyService({
-        config: { ...cliProxy, upstream: { ...cliProxy.upstream, reservedPorts: reserved }, observer: metrics && createHttpMetrics(metrics.of('cli-proxy'), 'providers.json') },
+        config: {
+          ...cliProxy,
+          upstream: { ...cliProxy.upstream, reservedPorts: reserved },
+          observer: registry && createHttpMetrics(registry, 'providers.json'),
+          // Without the audit there is no queue: no series, rather than one stuck at 0.
+          auditMetrics: registry && cliProxy.audit && createAuditMetrics(registry),
+        },
         onListening: (port) => {
           reserved.push(port);
           const base = loopbackBase(cliProxy.listen, port);

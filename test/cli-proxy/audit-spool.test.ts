@@ -164,3 +164,33 @@ t.test('a burst faster than the disk: past maxQueued waiting, new events are she
   t.equal((await listAuditSpool(dir)).length, 5, 'room again: written');
   t.equal(await readDroppedCount(dir), 6, 'nothing more dropped');
 });
+
+t.test('a full spool writes each event within the turn that recorded it, as a spool with room does: nothing waits on the disk', async (t) => {
+  // The link away (or a host never enrolled): every call drops the oldest event first. The
+  // count is saved and the oldest deleted with synchronous calls and no fsync, like the
+  // event itself, so a full spool cannot fall behind the calls (it used to: two fsyncs per
+  // drop through libuv's pool, a few hundred events a second, the rest queued in memory).
+  const { dir, spool } = await openSpool(t, { maxEvents: 200 });
+  const events = await recordAll(spool, 200);
+  // The first drop lists the directory (asynchronously, and only once per tenth of the
+  // bound: the next 19 drops use that listing), so it is made and awaited here.
+  const first = event(250);
+  events.push(first);
+  spool.record(first);
+  await spool.flush();
+  for (let i = 0; i < 19; i++) {
+    const e = event(300 + i);
+    events.push(e);
+    spool.record(e);
+    // One turn of the event loop: every microtask of the record has run, and at most one
+    // poll phase has passed (an fsync through the pool and back needs one each).
+    await new Promise((resolve) => setImmediate(resolve));
+    t.equal(spool.queued, 0, `drop ${i + 2}: the event is written in its own turn`);
+  }
+  t.equal(await readDroppedCount(dir), 20, 'every drop counted');
+  t.same(
+    await spooledIds(dir),
+    events.slice(20).map((e) => e.id),
+    'the newest 200, oldest first',
+  );
+});

@@ -3,6 +3,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
 import t from 'tap';
+import { createAuditMetrics } from '../../src/metrics/audit-metrics.js';
 import { createHttpMetrics } from '../../src/metrics/http-metrics.js';
 import { CappedLabel, errorTypeOf, mcpMethodLabel, methodLabel, routeOf, statusLabel } from '../../src/metrics/labels.js';
 import { createLinkMetrics } from '../../src/metrics/link-metrics.js';
@@ -79,6 +80,7 @@ async function ourNames(): Promise<Set<string>> {
   createRenewalMetrics(registry);
   createApplyMetrics(registry);
   createLinkMetrics(registry);
+  createAuditMetrics(registry);
   const names = new Set((await registry.getMetricsAsJSON()).map((m) => m.name));
   names.add('agent_connectors_build_info'); // registry.ts, which reads package.json
   return names;
