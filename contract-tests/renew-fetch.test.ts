@@ -294,12 +294,13 @@ t.test("upgrade: a previous link's per-slot record and journal batch are folded 
 });
 
 t.test('409: a stale expectation is replaced by the adopted tokenId and a new requestId', async (t) => {
-  // Short lifetime, so the loop renews again by itself after ~2/3 of it. Everything below
+  // Short lifetime, so the loop renews again by itself after ~2/3 of it (1.1-1.3 s; the
+  // test waits for that renewal, which meets the conflict). Everything below
   // is read from events (fetch's log lines, the Gateway's request records) or from state
   // once fetch has stopped: a later renewal of the loop may come at any time before that
   // on a busy machine, and must not change what the test reads. The deadlines are for a
   // loaded machine (a CLI's start alone took over 10 s at a load of 40 on 2 cores).
-  const rig = await makeRig(t, { tokenLifetimeMs: 4_000 });
+  const rig = await makeRig(t, { tokenLifetimeMs: 2_000 });
   const slot = 'instance:conflict-01';
   rig.addSlot(slot);
   const proc = rig.startFetch(['--backoff-cap-ms', '200']);
@@ -353,8 +354,9 @@ t.test('429 with Retry-After: the retry waits at least that long and keeps the r
   const rig = await makeRig(t);
   const slot = 'instance:ratelimited-01';
   rig.addSlot(slot);
-  rig.gw.inject({ kind: 'status429', retryAfterS: 2 }, { slot });
-  // A backoff cap far below Retry-After: only honouring Retry-After can make it wait 2 s.
+  // Retry-After: 1, the least in whole seconds, each of which this test waits.
+  rig.gw.inject({ kind: 'status429', retryAfterS: 1 }, { slot });
+  // A backoff cap far below Retry-After: only honouring Retry-After can make it wait 1 s.
   const { proc, exit } = await rig.fetchOnce(['--backoff-cap-ms', '100']);
   t.equal(exit.code, 0, 'fetch --once settles after the 429');
   const reqs = rig.gw.requestsFor(slot);
@@ -367,10 +369,10 @@ t.test('429 with Retry-After: the retry waits at least that long and keeps the r
   // Retry-After counts from the moment the answer is received (RFC 9110 §10.2.3), and the
   // answer reaches fetch strictly after the 429 request reached the Gateway; so the
   // retry's arrival minus the 429 request's arrival is a lower bound, not a timing guess.
-  t.ok(gap >= 2_000, `the retry was not sent before Retry-After had elapsed (gap ${gap} ms)`);
+  t.ok(gap >= 1_000, `the retry was not sent before Retry-After had elapsed (gap ${gap} ms)`);
   const line = proc.logs.find((l) => l.msg === RETRYING);
-  t.equal(line?.retryAfterMs, 2_000, 'the retry line reports Retry-After');
-  t.ok(typeof line?.retryInMs === 'number' && line.retryInMs >= 2_000, 'and a wait of at least that');
+  t.equal(line?.retryAfterMs, 1_000, 'the retry line reports Retry-After');
+  t.ok(typeof line?.retryInMs === 'number' && line.retryInMs >= 1_000, 'and a wait of at least that');
   t.equal(line?.reason, 'status 429');
   await assertConverged(t, rig, slot, reqs[0]?.requestId ?? '', { idleCheck: false });
 });
@@ -454,16 +456,17 @@ t.test('Retry-After pauses every slot: no renewal reaches the Gateway before it 
   const slots = Array.from({ length: 40 }, (_v, i) => `instance:paused-${String(i).padStart(2, '0')}`);
   for (const slot of slots) rig.addSlot(slot);
   // The first BOUND renewals are held until all are open, then all answered 429 with
-  // Retry-After: 2. fetch has no other request out, so whatever arrives next was sent
-  // after it read a 429, which it may not do before Retry-After has passed.
-  rig.gw.inject({ kind: 'status429', retryAfterS: 2 }, { times: BOUND });
+  // Retry-After: 1 (the least in whole seconds; the backoff cap is a tenth of it). fetch has
+  // no other request out, so whatever arrives next was sent after it read a 429, which it
+  // may not do before Retry-After has passed.
+  rig.gw.inject({ kind: 'status429', retryAfterS: 1 }, { times: BOUND });
   rig.gw.holdUntilInflight(BOUND);
   const { exit } = await rig.fetchOnce(['--renew-concurrency', String(BOUND), '--backoff-cap-ms', '100'], {}, 60_000);
   t.equal(exit.code, 0, 'fetch --once settles every slot');
   const limited = rig.gw.requests.slice(0, BOUND);
   t.ok(limited.every((r) => r.outcome === 429), `the first ${BOUND} answered 429`);
   // A lower bound, not a timing guess: each 429 reached fetch after its request reached the Gateway.
-  const earliest = Math.min(...limited.map((r) => r.at)) + 2_000;
+  const earliest = Math.min(...limited.map((r) => r.at)) + 1_000;
   const early = rig.gw.requests.slice(BOUND).filter((r) => r.at < earliest);
   t.same(early.map((r) => r.slot), [], 'no renewal of any slot arrived before Retry-After had passed');
   t.equal(rig.gw.minted(), slots.length, 'one token per slot');

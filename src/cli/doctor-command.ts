@@ -16,7 +16,26 @@ export function addHostOptions(cmd: Command): Command {
     .option('--credential <file>', 'the host credential; its presence marks the host enrolled', DEFAULT_CREDENTIAL_PATH);
 }
 
-export function registerDoctorCommand(program: Command): void {
+/**
+ * Where doctor's report goes and what its exit code becomes: the process's stdout and
+ * exit code, unless the caller gives its own (a test running the command in-process,
+ * through the same options and output, without a Node start per run).
+ */
+export interface DoctorOutput {
+  write(text: string): void;
+  exit(code: number): void;
+}
+
+const processOutput: DoctorOutput = {
+  write: (text) => {
+    process.stdout.write(text);
+  },
+  exit: (code) => {
+    process.exitCode = code;
+  },
+};
+
+export function registerDoctorCommand(program: Command, out: DoctorOutput = processOutput): void {
   addHostOptions(
     program
       .command('doctor')
@@ -45,14 +64,14 @@ export function registerDoctorCommand(program: Command): void {
         now,
       });
       const problems = findings.filter((f) => f.level === 'problem').length;
-      if (opts.json) process.stdout.write(`${JSON.stringify(doctorReport(findings, link.enrolment, version, now), null, 2)}\n`);
+      if (opts.json) out.write(`${JSON.stringify(doctorReport(findings, link.enrolment, version, now), null, 2)}\n`);
       else {
         for (const f of findings) {
           const mark = f.level === 'ok' ? 'ok  ' : f.level === 'warn' ? 'warn' : 'FAIL';
-          process.stdout.write(`${mark}  ${f.check}: ${f.detail}\n${f.fix ? `      fix: ${f.fix}\n` : ''}`);
+          out.write(`${mark}  ${f.check}: ${f.detail}\n${f.fix ? `      fix: ${f.fix}\n` : ''}`);
         }
-        process.stdout.write(problems ? `\n${problems} problem(s)\n` : '\nno problems\n');
+        out.write(problems ? `\n${problems} problem(s)\n` : '\nno problems\n');
       }
-      process.exitCode = problems ? 1 : 0;
+      out.exit(problems ? 1 : 0);
     });
 }

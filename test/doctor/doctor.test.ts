@@ -5,7 +5,9 @@ import { once } from 'node:events';
 import { chmodSync, chownSync, cpSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
+import { Command } from 'commander';
 import t from 'tap';
+import { registerDoctorCommand } from '../../src/cli/doctor-command.js';
 import { openCliCa } from '../../src/cli-proxy/cli-ca.js';
 import { auditEventFileName, type AuditEvent } from '../../src/data/audit-event.js';
 import { doctorReportSchema } from '../../src/data/doctor-report.js';
@@ -26,8 +28,8 @@ import { unlessMissing } from '../tools/prerequisite.js';
  * modes of units/tmpfiles.d, then each misconfiguration is seeded on its own copy.
  */
 
-// About forty doctor runs, each a Node start: seconds apiece on the shared 2-core VM
-// during a full run (measured 200 s for the file at load 20), above tap's 180 s default.
+// Nearly sixty doctor runs, four of them Node starts (see `doctor` below), and a forwarder and a
+// cli-proxy: a file-wide stop sized for a busy machine, not a timing check.
 t.setTimeout(600_000);
 
 const isRoot = process.getuid?.() === 0;
@@ -181,15 +183,18 @@ interface DoctorRun {
 /** Everything every doctor run printed, for the leak check. */
 const doctorOutput: string[] = [];
 
-async function doctor(args: string[]): Promise<DoctorRun> {
-  // `env -u NODE_OPTIONS`, as startCli does: tap's spawn hook puts its loaders back into
-  // any env given here, and they double a CLI's start-up on a busy machine.
-  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, 'doctor', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NOTIFY_SOCKET: '' } });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const [code] = (await once(child, 'close')) as [number | null];
+type Output = Pick<DoctorRun, 'code' | 'stdout' | 'stderr'>;
+
+/**
+ * Runs `doctor ARGS` and reads its report. In this process unless `spawned`: the command as
+ * the CLI registers it (its options, checks, report and exit code: src/cli/doctor-command.ts),
+ * its output and exit code taken instead of the process's. A Node start per run cost a
+ * second or more of CPU on the shared 2-core VM, and nearly sixty of them were most of this
+ * file's time. `spawned` runs the built CLI, for what a user's shell sees: the report on
+ * stdout and the exit status (a healthy host, a problem in JSON, the text report).
+ */
+async function doctor(args: string[], how: 'in-process' | 'spawned' = 'in-process'): Promise<DoctorRun> {
+  const { code, stdout, stderr } = how === 'spawned' ? await doctorSpawned(args) : await doctorInProcess(args);
   doctorOutput.push(stdout, stderr);
   let findings: Finding[] = [];
   if (args.includes('--json')) {
@@ -203,6 +208,38 @@ async function doctor(args: string[]): Promise<DoctorRun> {
     }
   }
   return { code, stdout, stderr, findings };
+}
+
+async function doctorInProcess(args: string[]): Promise<Output> {
+  const run: Output = { code: null, stdout: '', stderr: '' };
+  // exitOverride: a usage error rejects here instead of ending the test's process.
+  const program = new Command('agent-connectors').exitOverride().configureOutput({
+    writeOut: (text) => (run.stdout += text),
+    writeErr: (text) => (run.stderr += text),
+  });
+  registerDoctorCommand(program, {
+    write: (text) => {
+      run.stdout += text;
+    },
+    exit: (code) => {
+      run.code = code;
+    },
+  });
+  await program.parseAsync(['doctor', ...args], { from: 'user' });
+  if (run.code === null) throw new Error(`doctor ${args.join(' ')} ended without an exit code: ${run.stderr}`);
+  return run;
+}
+
+async function doctorSpawned(args: string[]): Promise<Output> {
+  // `env -u NODE_OPTIONS`, as startCli does: tap's spawn hook puts its loaders back into
+  // any env given here, and they double a CLI's start-up on a busy machine.
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, 'doctor', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NOTIFY_SOCKET: '' } });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const [code] = (await once(child, 'close')) as [number | null];
+  return { code, stdout, stderr };
 }
 
 const problems = (r: { findings: Finding[] }): Finding[] => r.findings.filter((f) => f.level === 'problem');
@@ -268,7 +305,7 @@ test('setup: users from units/sysusers.d, a healthy fixture, a running forwarder
 
 test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   if (!healthy) throw new Error('no fixture');
-  const run = await doctor(baseArgs(healthy));
+  const run = await doctor(baseArgs(healthy), 'spawned');
   tt.equal(run.code, 0, `exit 0 (stderr: ${run.stderr})`);
   tt.same(problems(run), [], 'no problem');
   tt.same(run.findings.filter((f) => f.level === 'warn'), [], 'no warning either');
@@ -282,7 +319,7 @@ test('healthy fixture: exit 0, no problem, every area checked', async (tt) => {
   // doctor's verdict agrees with what nobody can actually do.
   for (const p of [healthy.tokenFile, healthy.providerToken, healthy.instancesPath, healthy.providersPath]) tt.notOk(nobodyCanRead(p), `nobody really cannot read ${p}`);
 
-  const text = await doctor(baseArgs(healthy).filter((a) => a !== '--json'));
+  const text = await doctor(baseArgs(healthy).filter((a) => a !== '--json'), 'spawned');
   tt.equal(text.code, 0);
   tt.match(text.stdout, /no problems\n$/, 'text output ends with "no problems"');
   tt.notMatch(text.stdout, /FAIL/);
@@ -310,7 +347,7 @@ test('a revoked host (host-revoked.json in the hand-off): host_revoked, with enr
   const fx = buildFixture(ids);
   const marker = join(fx.handoff, 'host-revoked.json');
   writeFileSync(marker, JSON.stringify({ at: new Date().toISOString(), by: 'gateway' }));
-  const run = await doctor(baseArgs(fx));
+  const run = await doctor(baseArgs(fx), 'spawned');
   tt.equal(run.code, 1);
   const f = findProblem(tt, run, 'revocation', /access ended for the whole host .*401/);
   tt.equal(f?.code, 'host_revoked');
@@ -634,7 +671,7 @@ test('text output: each problem marked FAIL with its fix line, and a problem cou
   const fx = buildFixture(ids);
   chmodSync(fx.tokenFile, 0o640);
   chmodSync(fx.cliDir, 0o755);
-  const run = await doctor(baseArgs(fx).filter((a) => a !== '--json'));
+  const run = await doctor(baseArgs(fx).filter((a) => a !== '--json'), 'spawned');
   tt.equal(run.code, 1);
   tt.match(run.stdout, new RegExp(`FAIL  tokens: ${fx.tokenFile} has mode 640, expected 600\\n      fix: chmod 600 ${fx.tokenFile}\\n`));
   tt.match(run.stdout, new RegExp(`FAIL  directories: ${fx.cliDir} has mode 755, expected 700\\n      fix: chmod 700 ${fx.cliDir}\\n`));
