@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { readAppliedState } from '../data/applied-state.js';
 import { DROPPED_FILE, listAuditSpool } from '../data/audit-event.js';
 import type { DesiredState } from '../data/desired-state.js';
-import { slotOfFileName } from '../data/handoff.js';
+import { isBatchFileName, slotOfFileName } from '../data/handoff.js';
 import { readHostRevoked, type HostRevoked } from '../data/host-revoked.js';
 import { withFileLock } from '../fs/file-lock.js';
 import { planReconcile, slotIdsKnown, writeAppliedState, writeConfig, type ReconcileDeps } from './reconcile.js';
@@ -62,8 +62,9 @@ export async function revokeIfMarked(deps: RevokeDeps): Promise<RevokeOutcome> {
     // The manifest first (a slot whose file went first would be an empty slot in it).
     await removeManifest(paths);
     await eachInParallel(plan.retireSlots, (slot) => retireSlot(paths, slot));
-    // Tokens a renewal handed over before the link stopped: never written now.
-    for (const name of await namesIn(paths.inbox)) if (slotOfFileName(name)) await deleteFile(join(paths.inbox, name));
+    // Tokens a renewal handed over before the link stopped: never written now. Both shapes
+    // the link writes: one answer per slot, and its group commit (a batch of answers).
+    for (const name of await namesIn(paths.inbox)) if (slotOfFileName(name) || isBatchFileName(name)) await deleteFile(join(paths.inbox, name));
     let droppedAuditEvents = 0;
     if (deps.auditDir) {
       for (const name of await listAuditSpool(deps.auditDir)) if (await deleteFile(join(deps.auditDir, name))) droppedAuditEvents += 1;
