@@ -29,8 +29,11 @@ writeFileSync(register, `import { register } from 'node:module';\nregister(${JSO
 const MAX_OUT = 256 * 1024;
 let runs = 0;
 
-/** Runs the built CLI (env -i: tap's loader would add its own modules) and lists the dist/ modules it loaded. */
-function cli(args: string[]): Promise<{ code: number | null; stdout: string; modules: string[] }> {
+/**
+ * Runs the built CLI (env -i: tap's loader would add its own modules) and lists the dist/
+ * modules it loaded, and the packages (node_modules/<name>) it loaded any module of.
+ */
+function cli(args: string[]): Promise<{ code: number | null; stdout: string; modules: string[]; packages: string[] }> {
   const log = join(dir, `modules-${++runs}.log`);
   writeFileSync(log, '');
   const env = [`PATH=${process.env.PATH ?? ''}`, `MODULES_LOG=${log}`];
@@ -42,8 +45,10 @@ function cli(args: string[]): Promise<{ code: number | null; stdout: string; mod
     });
     child.on('error', reject);
     child.on('close', (code) => {
-      const modules = [...new Set(readFileSync(log, 'utf8').split('\n'))].filter((u) => u.startsWith(`${DIST}/`)).map((u) => u.slice(DIST.length + 1));
-      resolve({ code, stdout, modules });
+      const urls = [...new Set(readFileSync(log, 'utf8').split('\n'))];
+      const modules = urls.filter((u) => u.startsWith(`${DIST}/`)).map((u) => u.slice(DIST.length + 1));
+      const packages = [...new Set(urls.flatMap((u) => /\/node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(u)?.[1] ?? []))];
+      resolve({ code, stdout, modules, packages });
     });
   });
 }
@@ -86,4 +91,14 @@ t.test('doctor and status load their checks only when they run', async (t) => {
   const r = await cli(['status', '--no-systemd', '--json', '--state-dir', state]);
   t.equal(r.code, 0, 'status runs');
   t.ok(r.modules.includes('doctor/status.js'), 'and loads doctor/status.js to do it');
+  t.ok(r.packages.includes('zod'), `the packages it loaded are seen (${r.packages.join(' ')})`);
+  t.notOk(r.packages.includes('execa'), 'but no execa: without systemd it runs no program');
+});
+
+t.test('execa (a hundred modules) is loaded only to run a program: list runs none', async (t) => {
+  const state = tempDir('ac-cli-start-state-', t);
+  const r = await cli(['list', '--state-dir', state]);
+  t.equal(r.code, 0, 'list runs');
+  t.ok(r.packages.includes('commander'), `the packages it loaded are seen (${r.packages.join(' ')})`);
+  t.notOk(r.packages.includes('execa'), 'list loads no execa');
 });

@@ -56,7 +56,9 @@ async function servingLastGood(tt: TapTest, what: string): Promise<void> {
 t.test('a first state serving', async (t) => {
   apply = w.startApply();
   await apply.waitForLog((l) => l.msg === 'apply watching', 15_000);
-  link = w.startLink();
+  // A presence report that hangs (below) is given up after 5 s, as the rig's state poll
+  // is, not the default 15 s: the test waits that out.
+  link = w.startLink({}, 'unit', ['--presence-timeout-ms', '5000']);
   w.gw.control.connectBinding(KEPT, { instanceId: 'inst-kept', upstreamUrl: api.url('/mcp/kept') });
   w.gw.control.connectProvider('faults', { upstream: api.url('/api/faults'), inject: { type: 'header', name: 'Authorization', value: 'Bearer {token}' }, commands: [] });
   const t0 = Date.now();

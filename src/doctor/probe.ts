@@ -1,5 +1,4 @@
 import { stat } from 'node:fs/promises';
-import { execa } from 'execa';
 import type { PartHealth } from '../data/problem-codes.js';
 import { probePartHealth } from '../http/health-probe.js';
 
@@ -19,6 +18,8 @@ export async function systemdRunning(): Promise<boolean> {
 
 /** `systemctl is-active UNIT`: its word (active, inactive, failed, …) and exit code. */
 export async function unitState(unit: string): Promise<{ state: string; exitCode: number }> {
+  // Loaded when used: doctor --no-systemd and status never run systemctl (docs/performance.md).
+  const { execa } = await import('execa');
   const r = await execa('systemctl', ['is-active', unit], { reject: false, timeout: 10_000 });
   return { state: String(r.stdout ?? '').trim() || 'unknown', exitCode: r.exitCode ?? 1 };
 }

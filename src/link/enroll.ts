@@ -2,7 +2,6 @@ import { createHash, randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { execa } from 'execa';
 import { z } from 'zod';
 import { LINK_ENV_GATEWAY, LINK_ENV_HOST_ID, linkEnvPath } from '../data/link-env.js';
 import { ENROLL_PATH, enrollOkSchema, linkErrorSchema, pairingCodeSchema, type EnrollOk } from '../data/link-wire.js';
@@ -58,6 +57,9 @@ export interface Systemd {
 export const realSystemd: Systemd = {
   present: () => (hookEnabled('systemd:present') ? true : hookEnabled('systemd:absent') ? false : existsSync('/run/systemd/system')),
   async systemctl(args) {
+    // Loaded when used: every command that imports this module for its paths (bind, list,
+    // the link) would otherwise load execa's hundred modules at start (docs/performance.md).
+    const { execa } = await import('execa');
     const r = await execa('systemctl', args, { reject: false, timeout: 60_000 });
     return { exitCode: r.exitCode ?? 1, stdout: String(r.stdout ?? '') };
   },

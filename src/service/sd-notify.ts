@@ -1,4 +1,3 @@
-import { execa } from 'execa';
 import type { Logger } from '../log/logger.js';
 
 /**
@@ -37,6 +36,9 @@ export function createNotifier(options: NotifierOptions = {}): Notifier {
   const send = async (...assignments: string[]): Promise<void> => {
     if (!enabled) return;
     try {
+      // Loaded at the first message, under systemd only: outside it (tests, dev, every
+      // one-shot command) no service pays execa's hundred modules at start.
+      const { execa } = await import('execa');
       await execa(binary, [`--pid=${process.pid}`, ...assignments], {
         env: { NOTIFY_SOCKET: socket },
         extendEnv: false,

@@ -35,6 +35,7 @@ export function addLinkFlags(cmd: Command): Command {
     .option('--poll-timeout-ms <n>', 'client timeout of one state long poll (the Gateway holds it ≤ 60 s)', String(defaultStatePollerConfig.pollTimeoutMs))
     .option('--credential-recheck-ms <n>', 'after a 401 or an unusable credential, how often it is read again', String(defaultStatePollerConfig.credentialRecheckMs))
     .option('--presence-interval-ms <n>', 'regular presence report (jittered ±10 %)', String(defaultPresenceConfig.intervalMs))
+    .option('--presence-timeout-ms <n>', "client timeout of one presence report (the Gateway's answer); a report not answered in time is retried at the next tick", String(defaultPresenceConfig.requestTimeoutMs))
     .option('--forwarder-health <url>', "the forwarder's /healthz (loopback)", `http://${DEFAULT_FORWARDER_LISTEN}/healthz`)
     .option('--cli-proxy-health <url>', "the cli-proxy's /healthz (loopback)", `http://${DEFAULT_CLI_PROXY_LISTEN}/healthz`)
     .option('--agent-users-file <file>', "the proxies' agent-users file: missing or empty (every agent refused) is a presence problem", AGENT_USERS_FILE)
@@ -78,7 +79,16 @@ export function linkConfig(identity: LinkIdentity, tuning: Partial<LinkTuning> =
         ? undefined
         : {
             poller: { handoffDir, pollTimeoutMs: t.pollTimeoutMs, backoff: t.linkBackoff, credentialRecheckMs: t.credentialRecheckMs },
-            presence: { ...defaultPresenceConfig, handoffDir, hostId: identity.hostId, version, intervalMs: t.presenceIntervalMs, health: t.health, agentUsersFile: t.agentUsersFile },
+            presence: {
+              ...defaultPresenceConfig,
+              handoffDir,
+              hostId: identity.hostId,
+              version,
+              intervalMs: t.presenceIntervalMs,
+              requestTimeoutMs: t.presenceTimeoutMs,
+              health: t.health,
+              agentUsersFile: t.agentUsersFile,
+            },
             audit: t.audit
               ? { ...defaultAuditUploadConfig, dir: identity.auditDir ?? layout.audit, backoff: t.linkBackoff, minGapMs: t.auditMinGapMs, credentialRecheckMs: t.credentialRecheckMs }
               : undefined,
@@ -96,6 +106,7 @@ export interface LinkTuning {
   pollTimeoutMs: number;
   credentialRecheckMs: number;
   presenceIntervalMs: number;
+  presenceTimeoutMs: number;
   health: Record<string, string>;
   /** The proxies' agent-users file, checked for presence; undefined (dev): not checked. */
   agentUsersFile: string | undefined;
@@ -113,6 +124,7 @@ export const defaultLinkTuning: LinkTuning = {
   pollTimeoutMs: defaultStatePollerConfig.pollTimeoutMs,
   credentialRecheckMs: defaultStatePollerConfig.credentialRecheckMs,
   presenceIntervalMs: defaultPresenceConfig.intervalMs,
+  presenceTimeoutMs: defaultPresenceConfig.requestTimeoutMs,
   health: { forwarder: `http://${DEFAULT_FORWARDER_LISTEN}/healthz`, 'cli-proxy': `http://${DEFAULT_CLI_PROXY_LISTEN}/healthz` },
   agentUsersFile: undefined,
   audit: true,
@@ -154,6 +166,7 @@ export async function linkPartsFrom(opts: Opts, env: NodeJS.ProcessEnv = process
     pollTimeoutMs: int('--poll-timeout-ms', opts.pollTimeoutMs, d.pollTimeoutMs),
     credentialRecheckMs: int('--credential-recheck-ms', opts.credentialRecheckMs, d.credentialRecheckMs),
     presenceIntervalMs: int('--presence-interval-ms', opts.presenceIntervalMs, d.presenceIntervalMs),
+    presenceTimeoutMs: int('--presence-timeout-ms', opts.presenceTimeoutMs, d.presenceTimeoutMs),
     health: {
       forwarder: errors.parse(loopbackHttpUrl, opts.forwarderHealth, '--forwarder-health', ''),
       'cli-proxy': errors.parse(loopbackHttpUrl, opts.cliProxyHealth, '--cli-proxy-health', ''),
